@@ -1,0 +1,26 @@
+# make demo  — build .venv, compile a small PEFT-LoRA Llama and run it
+# make test  — build .venv, run pytest and lit (CI calls exactly this)
+PY := .venv/bin/python
+STAMP := .venv/.stageml-installed
+
+.PHONY: demo test pytest lit bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+	PATH=$(CURDIR)/.venv/bin:$$PATH $(PY) -m lit -v lit_tests
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_cpu.py
+
+clean:
+	rm -rf out build lit_tests/**/Output

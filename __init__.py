@@ -1,0 +1,40 @@
+"""StageML: an ahead-of-time staging compiler for adapter-heavy inference.
+
+    art = stageml.compile(model, (x,))        # static work folded now
+    art.save("out/residual.vmfb")
+    mod = stageml.load("out/residual.vmfb")   # adapter stage runs once here
+    y = mod(x)                                # the residual, per request
+"""
+
+from stageml.binding_time import BindingTime
+from stageml.errors import StageMLError
+from stageml.runtime import ResidualModule, load
+
+
+def compile(model, args=None, *, stages=None, dynamic_shapes=None, target="cpu", emit="vmfb",
+            dump_dir=None, merge_lora=True, verbose=False):
+    """Compiles a PyTorch model into a staged residual.
+
+    Args:
+      model: an nn.Module, a torch.export.ExportedProgram, or the path of a
+        .pt/.pt2 file written by torch.export.save.
+      args: example inputs (a tuple) when `model` is an nn.Module.
+      stages: {glob: BindingTime | "static" | "adapter" | "dynamic"} over
+        parameter, buffer and input names; applied after the defaults
+        (weights static, PEFT adapter tensors adapter-time, inputs dynamic).
+      dynamic_shapes: passed to torch.export (e.g. {"x": {0: Dim("batch")}}).
+      target: "cpu".
+      emit: the last stage to run: torch, bt, split, linalg or vmfb.
+      dump_dir: a folder that receives every stage's output.
+      merge_lora: let bt-improve merge LoRA factors into weights.
+      verbose: print each stage as it finishes (stderr).
+
+    Returns:
+      An Artifact with `.report`, `.mlir`, `.save(path)` and `.load(path)`.
+    """
+    from stageml.compiler.driver import compile as _compile
+    return _compile(model, args, stages=stages, dynamic_shapes=dynamic_shapes, target=target,
+                    emit=emit, dump_dir=dump_dir, merge_lora=merge_lora, verbose=verbose)
+
+
+__all__ = ["BindingTime", "StageMLError", "ResidualModule", "compile", "load"]

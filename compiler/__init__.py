@@ -1,0 +1,1 @@
+"""The StageML compiler: frontend, bt passes, partial evaluation, lowering."""

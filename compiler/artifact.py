@@ -1,0 +1,78 @@
+"""The compile result: residual .vmfb, parameter archive and manifest."""
+
+import json
+import os
+from importlib import metadata
+
+import numpy as np
+from iree import runtime as iree_rt
+
+from stageml.compiler.lowering import PARAMETER_SCOPE
+
+FORMAT = "stageml-residual/1"
+DEFAULT_ADAPTER = "default_adapter/"
+
+
+def _versions() -> dict:
+    names = ("torch", "torch-mlir", "iree-base-compiler", "iree-base-runtime", "stageml")
+    return {n: metadata.version(n) for n in names}
+
+
+class Artifact:
+    """What `stageml.compile` returns.
+
+    Attributes:
+      report: the compile report (`print(art.report)`).
+      mlir: {stage: text or bytes} for every stage produced.
+      vmfb: the residual module (bytes); None when compilation stopped early.
+      parameters: {name: ndarray} folded by partial evaluation.
+      default_adapter: {name: ndarray} the adapter weights the model came with.
+    """
+
+    def __init__(self):
+        self.report = None
+        self.mlir = {}
+        self.vmfb = None
+        self.parameters = {}
+        self.default_adapter = {}
+        self.signatures = {}
+        self.target = "cpu"
+
+    def manifest(self, stem: str) -> dict:
+        forward = self.signatures["forward"]
+        entry_points = {"forward": {
+            "inputs": [a.as_dict() for a in forward.args if a.time == "dynamic"],
+            "outputs": [r.as_dict() for r in forward.results]}}
+        if "adapter" in self.signatures:
+            adapter = self.signatures["adapter"]
+            entry_points["adapter"] = {
+                "inputs": [a.as_dict() for a in adapter.args if a.time == "adapter"],
+                "state": [r.as_dict() for r in adapter.results]}
+        return {"format": FORMAT, "target": self.target, "vmfb": stem + ".vmfb",
+                "parameters": stem + ".irpa", "parameter_scope": PARAMETER_SCOPE,
+                "default_adapter_prefix": DEFAULT_ADAPTER, "entry_points": entry_points,
+                "report": self.report.as_dict(), "versions": _versions()}
+
+    def save(self, path: str) -> str:
+        """Writes PATH (.vmfb), and .irpa and .json beside it; returns PATH."""
+        if self.vmfb is None:
+            raise ValueError("this artifact stopped before the vmfb stage; compile with emit='vmfb'")
+        directory, name = os.path.split(os.path.abspath(path))
+        stem = name[:-5] if name.endswith(".vmfb") else name
+        os.makedirs(directory, exist_ok=True)
+        index = iree_rt.ParameterIndex()
+        for key, value in self.parameters.items():
+            iree_rt.parameter_index_add_numpy_ndarray(index, key, np.ascontiguousarray(value))
+        for key, value in self.default_adapter.items():
+            iree_rt.parameter_index_add_numpy_ndarray(index, DEFAULT_ADAPTER + key, np.ascontiguousarray(value))
+        index.create_archive_file(os.path.join(directory, stem + ".irpa"))
+        with open(os.path.join(directory, stem + ".vmfb"), "wb") as f:
+            f.write(self.vmfb)
+        with open(os.path.join(directory, stem + ".json"), "w") as f:
+            json.dump(self.manifest(stem), f, indent=1)
+        return os.path.join(directory, stem + ".vmfb")
+
+    def load(self, path: str, device: str = "local-task"):
+        """Saves to PATH and loads the result (`stageml.load`)."""
+        from stageml.runtime import load
+        return load(self.save(path), device=device)

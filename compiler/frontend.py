@@ -1,0 +1,102 @@
+"""Frontend: PyTorch model → torch backend IR with named arguments.
+
+    nn.Module / ExportedProgram / .pt2 path
+      → torch.export (non-strict), ATen decompositions (linear/matmul kept)
+      → torch-mlir stateless FX import: every parameter, buffer and input is a
+        function argument, tagged `bt.name` with its fully qualified name
+      → torch backend IR (value semantics, dynamic dims kept as `?`)
+"""
+
+import dataclasses
+import os
+import zipfile
+
+import torch
+from torch.export.graph_signature import InputKind
+from torch_mlir import fx, ir
+from torch_mlir.compiler_utils import OutputType
+from torch_mlir.extras.fx_decomp_util import get_decomposition_table
+from torch_mlir.extras.fx_importer import FxImporter
+
+from stageml.compiler.ir import NAME, set_arg_attr
+from stageml.errors import CompileError, ModelLoadError
+
+# Ops kept whole so that bt-improve sees matrix products (`x @ W^T`), not
+# the reshapes and mm's torch's decompositions would turn them into.
+_KEPT_OPS = (torch.ops.aten.linear.default, torch.ops.aten.matmul.default)
+
+
+@dataclasses.dataclass
+class ImportedProgram:
+    """A model in torch backend IR, with what each argument is bound to."""
+
+    module: ir.Module
+    arg_names: list[str]            # one per function argument, in order
+    input_names: list[str]          # the forward inputs (a subset of arg_names)
+    weights: dict[str, torch.Tensor]  # parameter/buffer/constant name -> value
+
+
+def load_exported(path: str) -> torch.export.ExportedProgram:
+    """Loads an ExportedProgram saved with `torch.export.save`."""
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"model file {path!r} does not exist: pass the path of a file written by torch.export.save")
+    try:
+        return torch.export.load(path)
+    except Exception:
+        pass
+    if zipfile.is_zipfile(path) and any(n.endswith("data.pkl") for n in zipfile.ZipFile(path).namelist()):
+        raise ModelLoadError(
+            f"{path!r} is a pickled model (torch.save), not an ExportedProgram: "
+            "save it with torch.export.save(torch.export.export(model, args), path)"
+        )
+    raise ModelLoadError(f"{path!r} is not an ExportedProgram: write it with torch.export.save")
+
+
+def export(model, args: tuple, dynamic_shapes=None) -> torch.export.ExportedProgram:
+    """`model` (nn.Module, ExportedProgram or .pt/.pt2 path) as an ExportedProgram."""
+    if isinstance(model, (str, os.PathLike)):
+        return load_exported(os.fspath(model))
+    if isinstance(model, torch.export.ExportedProgram):
+        return model
+    if not isinstance(model, torch.nn.Module):
+        raise ModelLoadError(f"cannot compile a {type(model).__name__}: pass an nn.Module, an ExportedProgram or a .pt2 path")
+    if args is None:
+        raise ModelLoadError("an nn.Module needs example inputs: call stageml.compile(model, (x,))")
+    try:
+        return torch.export.export(model.eval(), tuple(args), dynamic_shapes=dynamic_shapes, strict=False)
+    except Exception as e:
+        raise ModelLoadError(f"torch.export failed on the model ({type(e).__name__}: {str(e).splitlines()[0]}): make it exportable or export it yourself") from e
+
+
+def import_program(program: torch.export.ExportedProgram, context: ir.Context) -> ImportedProgram:
+    """Imports `program` into `context` as torch backend IR (`func.func @main`)."""
+    table = get_decomposition_table()
+    for op in _KEPT_OPS:
+        table.pop(op, None)
+    program = program.run_decompositions(table)
+
+    arg_names, input_names, weights = [], [], {}
+    state = {**program.state_dict, **program.constants}
+    for spec in program.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            if not isinstance(spec.arg, torch.export.graph_signature.TensorArgument):
+                raise ModelLoadError(f"forward input {spec.arg.name!r} is not a tensor: StageML compiles tensor inputs only; bake it into the model")
+            arg_names.append(spec.arg.name)
+            input_names.append(spec.arg.name)
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            arg_names.append(spec.target)
+            weights[spec.target] = state[spec.target].detach()
+        else:
+            raise ModelLoadError(f"model input {spec.target!r} of kind {spec.kind.name} is not supported: export a model without it")
+
+    try:
+        module = fx.stateless_fx_import(
+            program.graph_module, output_type=OutputType.TORCH,
+            fx_importer=FxImporter(context=context), model_name="main",
+        )
+    except Exception as e:
+        raise CompileError(f"torch-mlir could not import the model: {str(e).strip().splitlines()[-1]}") from e
+    func = module.body.operations[0]
+    for index, name in enumerate(arg_names):
+        set_arg_attr(func, index, NAME, ir.StringAttr.get(name, context))
+    return ImportedProgram(module, arg_names, input_names, weights)

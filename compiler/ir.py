@@ -1,0 +1,121 @@
+"""Shared MLIR helpers: the context, binding-time attributes, torch types.
+
+Binding times live on the IR as `#bt.time<"...">` attributes: on function
+arguments (`bt.time` argument attribute, next to `bt.name`, the model's name
+for the argument) and on operations (`bt.time`, one time for all results).
+"""
+
+from torch_mlir import ir
+from torch_mlir.dialects import torch as torch_d
+
+from stageml.binding_time import BindingTime
+from stageml.dialects import load_bt_dialect
+
+TIME = "bt.time"
+NAME = "bt.name"
+
+
+def new_context() -> ir.Context:
+    """A context with the torch and bt dialects loaded."""
+    context = ir.Context()
+    torch_d.register_dialect(context)
+    load_bt_dialect(context)
+    return context
+
+
+def time_attr(time: BindingTime) -> ir.Attribute:
+    return ir.Attribute.parse(f'#bt.time<"{time.label}">')
+
+
+def parse_time(attr: ir.Attribute) -> BindingTime:
+    # #bt.time<"adapter"> -> ADAPTER
+    return BindingTime.parse(str(attr).split('"')[1])
+
+
+# -- function arguments -------------------------------------------------------
+
+def arg_attrs(func: ir.Operation, index: int) -> dict:
+    if "arg_attrs" not in func.attributes:
+        return {}
+    entry = ir.DictAttr(ir.ArrayAttr(func.attributes["arg_attrs"])[index])
+    return {named.name: named.attr for named in entry}
+
+
+def set_arg_attr(func: ir.Operation, index: int, key: str, value: ir.Attribute) -> None:
+    count = len(func.regions[0].blocks[0].arguments)
+    entries = [arg_attrs(func, i) for i in range(count)]
+    entries[index][key] = value
+    context = func.context
+    func.attributes["arg_attrs"] = ir.ArrayAttr.get(
+        [ir.DictAttr.get(e, context=context) for e in entries], context=context)
+
+
+def arg_name(func: ir.Operation, index: int) -> str:
+    attr = arg_attrs(func, index).get(NAME)
+    return ir.StringAttr(attr).value if attr is not None else f"arg{index}"
+
+
+# -- binding times of values ---------------------------------------------------
+
+def value_time(value: ir.Value) -> BindingTime:
+    """The binding time of `value`; unannotated values are dynamic."""
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        func = owner.owner.operation
+        attr = arg_attrs(func, ir.BlockArgument(value).arg_number).get(TIME)
+    else:
+        attr = owner.attributes[TIME] if TIME in owner.attributes else None
+    return parse_time(attr) if attr is not None else BindingTime.DYNAMIC
+
+
+def set_op_time(op: ir.Operation, time: BindingTime) -> None:
+    op.attributes[TIME] = time_attr(time)
+
+
+def is_tensor(value: ir.Value) -> bool:
+    return str(value.type).startswith("!torch.vtensor")
+
+
+def is_rematerializable(value: ir.Value) -> bool:
+    """True for constants and non-tensor values computed only from constants.
+
+    Such values are cloned into every stage that uses them instead of crossing
+    a stage boundary.
+    """
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        return False
+    if len(owner.operands) == 0:
+        return True
+    return not is_tensor(value) and all(is_rematerializable(v) for v in owner.operands)
+
+
+# -- torch types -----------------------------------------------------------------
+
+def vtensor_type(shape: list, dtype: str) -> ir.Type:
+    """`!torch.vtensor<[d0,d1],dtype>`; a None dim is dynamic (`?`)."""
+    dims = ",".join("?" if d is None else str(d) for d in shape)
+    return ir.Type.parse(f"!torch.vtensor<[{dims}],{dtype}>")
+
+
+def vtensor_shape(type_: ir.Type) -> tuple[list, str]:
+    """(shape, dtype) of a `!torch.vtensor<[..],dtype>` type."""
+    text = str(type_)
+    dims_text, dtype = text[len("!torch.vtensor<["):-1].split("],")
+    dims = [None if d == "?" else int(d) for d in dims_text.split(",")] if dims_text else []
+    return dims, dtype
+
+
+def users(value: ir.Value) -> list:
+    return [use.owner for use in value.uses]
+
+
+def erase_dead_ops(block: ir.Block) -> int:
+    """Erases operations whose results are all unused (and that have results)."""
+    erased = 0
+    for op in reversed(list(block.operations)):
+        op = op.operation
+        if len(op.results) and all(len(users(r)) == 0 for r in op.results):
+            op.erase()
+            erased += 1
+    return erased

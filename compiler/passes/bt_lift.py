@@ -1,0 +1,71 @@
+"""bt-lift: make every stage crossing an explicit `bt.lift`.
+
+    %t = torch.aten.transpose.int %w, ... {bt.time = #bt.time<"static">}
+    %y = torch.aten.matmul %x, %t {bt.time = #bt.time<"dynamic">}
+  → %t = ...
+    %l = "bt.lift"(%t) {from = #bt.time<"static">, to = #bt.time<"dynamic">,
+                        name = "static.0", bt.time = #bt.time<"dynamic">}
+    %y = torch.aten.matmul %x, %l
+
+One lift per (value, later time), shared by all its users there. A lifted
+argument keeps its model name; computed values are named `<time>.<n>`.
+Constants (and non-tensor values computed from them) are not lifted: bt-split
+clones them into each stage that uses them. The function's results are
+request-time, so an earlier-time result is lifted to dynamic.
+"""
+
+from torch_mlir import ir
+
+from stageml.binding_time import BindingTime
+from stageml.compiler.ir import (TIME, arg_name, is_rematerializable, is_tensor, time_attr,
+                                 value_time)
+from stageml.compiler.passes import main_func, register
+from stageml.errors import CompileError
+
+
+def _lift_name(func, value, counters: dict, names: dict) -> str:
+    key = value
+    if key not in names:
+        if isinstance(value.owner, ir.Block):
+            names[key] = arg_name(func, ir.BlockArgument(value).arg_number)
+        else:
+            time = value_time(value)
+            names[key] = f"{time.label}.{counters.get(time, 0)}"
+            counters[time] = counters.get(time, 0) + 1
+    return names[key]
+
+
+def lift(func) -> dict:
+    """Inserts the lifts; returns {(from, to): count}."""
+    block = func.regions[0].blocks[0]
+    lifts, counters, names, crossings = {}, {}, {}, {}
+    for op in list(block.operations):
+        op = op.operation
+        if op.name == "bt.lift":
+            continue
+        to = value_time(op.results[0]) if len(op.results) and TIME in op.attributes else BindingTime.DYNAMIC
+        for index, value in enumerate(op.operands):
+            source = value_time(value)
+            if source >= to or is_rematerializable(value):
+                continue
+            if not is_tensor(value):
+                raise CompileError(f"{op.location}: a non-tensor value computed at {source.label} "
+                                   f"time is used at {to.label} time; StageML can only carry tensors across stages")
+            key = (value, to)
+            if key not in lifts:
+                name = _lift_name(func, value, counters, names)
+                with ir.InsertionPoint(op), op.location:
+                    lifted = ir.Operation.create(
+                        "bt.lift", results=[value.type], operands=[value],
+                        attributes={"from": time_attr(source), "to": time_attr(to),
+                                    "name": ir.StringAttr.get(name), TIME: time_attr(to)})
+                lifts[key] = lifted.result
+                crossings[(source, to)] = crossings.get((source, to), 0) + 1
+            op.operands[index] = lifts[key]
+    return crossings
+
+
+@register("bt-lift", "explicit bt.lift ops where a value crosses to a later stage")
+def run(module_op, options) -> None:
+    for (source, to), count in lift(main_func(module_op)).items():
+        options.stats[f"lifted {source.label}->{to.label}"] += count

@@ -1,0 +1,119 @@
+"""bt-split: outline one function per binding time.
+
+    func @main(%w {static}, %a {adapter}, %x {dynamic}) {
+      %t = transpose %w                       // static
+      %l0 = "bt.lift"(%t) {to = adapter, name = "static.0"}
+      %m = add %l0, %a                        // adapter
+      %l1 = "bt.lift"(%m) {to = dynamic, name = "adapter.0"}
+      %y = matmul %x, %l1                     // dynamic
+      return %y }
+  → func @static(%w) -> (%t {bt.name = "static.0"})
+    func @adapter(%static.0, %a) -> (%m {bt.name = "adapter.0"})
+    func @forward(%adapter.0, %x) -> %y
+
+Arguments of a later stage are, in order: values lifted from static, values
+lifted from adapter, then the model's arguments of that time; each carries
+`bt.name` and `bt.time` (the time it comes from). Constants are cloned into
+each stage that uses them. A stage with nothing to compute is left out.
+"""
+
+from torch_mlir import ir
+from torch_mlir.dialects import func as func_d
+
+from stageml.binding_time import BindingTime
+from stageml.compiler.ir import (NAME, TIME, arg_attrs, arg_name, is_rematerializable,
+                                 parse_time, set_arg_attr, time_attr, value_time)
+from stageml.compiler.passes import main_func, register
+
+STAGE_FUNCS = {BindingTime.STATIC: "static", BindingTime.ADAPTER: "adapter",
+               BindingTime.DYNAMIC: "forward"}
+
+
+def _lift_info(op):
+    a = op.attributes
+    return parse_time(a["from"]), parse_time(a["to"]), ir.StringAttr(a["name"]).value
+
+
+class _Stage:
+    """One stage function being built: its inputs, body ops and outputs."""
+
+    def __init__(self, time):
+        self.time = time
+        self.inputs = {}    # name -> (value used in @main, from-time or None for arguments)
+        self.outputs = {}   # name -> source value in @main
+        self.ops = []
+
+
+def _plan(main) -> dict:
+    block = main.regions[0].blocks[0]
+    stages = {t: _Stage(t) for t in BindingTime}
+    for op in block.operations:
+        op = op.operation
+        if op.name == "bt.lift":
+            source, to, name = _lift_info(op)
+            stages[to].inputs.setdefault(name, (op.result, source))
+            stages[source].outputs.setdefault(name, op.operands[0])
+        elif op.name != "func.return" and TIME in op.attributes:
+            stages[parse_time(op.attributes[TIME])].ops.append(op)
+    for stage in stages.values():  # lifted values first (static, adapter), then arguments
+        stage.inputs = dict(sorted(stage.inputs.items(), key=lambda kv: kv[1][1]))
+    for arg in block.arguments:
+        stages[value_time(arg)].inputs[arg_name(main, arg.arg_number)] = (arg, None)
+    return stages
+
+
+def _emit(stage, main, results) -> None:
+    types = [v.type for v, _ in stage.inputs.values()]
+    func = func_d.FuncOp(STAGE_FUNCS[stage.time], ir.FunctionType.get(types, [v.type for v in results]))
+    entry = func.add_entry_block()
+    mapping = {}
+    for index, (name, (value, source)) in enumerate(stage.inputs.items()):
+        mapping[value] = entry.arguments[index]
+        set_arg_attr(func.operation, index, NAME, ir.StringAttr.get(name))
+        set_arg_attr(func.operation, index, TIME, time_attr(source if source is not None else stage.time))
+        if source is None:
+            for key, attr in arg_attrs(main, value.arg_number).items():
+                if key not in (NAME, TIME):
+                    set_arg_attr(func.operation, index, key, attr)
+
+    def lookup(value):
+        if value not in mapping:  # a constant from another stage: clone it here
+            assert is_rematerializable(value), "bt-split needs lifted IR (run bt-lift first)"
+            clone(value.owner.operation)
+        return mapping[value]
+
+    def clone(op):
+        operands = [lookup(v) for v in op.operands]
+        new = op.clone()
+        for index, value in enumerate(operands):
+            new.operands[index] = value
+        for old, fresh in zip(op.results, new.results):
+            mapping[old] = fresh
+
+    with ir.InsertionPoint(entry):
+        for op in stage.ops:
+            clone(op)
+        func_d.ReturnOp([lookup(v) for v in results])
+    if stage.time != BindingTime.DYNAMIC:
+        func.operation.attributes["res_attrs"] = ir.ArrayAttr.get(
+            [ir.DictAttr.get({NAME: ir.StringAttr.get(n)}) for n in stage.outputs])
+
+
+def split(module_op) -> dict:
+    """Replaces @main by @static, @adapter and @forward; returns {stage: op count}."""
+    main = main_func(module_op)
+    stages = _plan(main)
+    returned = list(main.regions[0].blocks[0].operations)[-1].operands
+    with ir.InsertionPoint(main), main.location:
+        for time in BindingTime:
+            stage = stages[time]
+            results = list(stage.outputs.values()) if time != BindingTime.DYNAMIC else list(returned)
+            if time == BindingTime.DYNAMIC or results:
+                _emit(stage, main, results)
+    main.erase()
+    return {time: len(stage.ops) for time, stage in stages.items()}
+
+
+@register("bt-split", "outline one function per stage: @static, @adapter, @forward")
+def run(module_op, options) -> None:
+    split(module_op)

@@ -1,0 +1,55 @@
+"""flatten-matmul: batched activations times a 2-D weight as one 2-D mm.
+
+torch-mlir lowers `matmul(x[B,S,K], W[K,N])` to a batch_matmul against W
+broadcast to [B,K,N]; flattening keeps W a single 2-D operand, which IREE
+data-tiles once as a parameter. (`flatten`, not `view [-1, K]`: torch-mlir
+lowers that view of two dynamic dims as if the second were 1.)
+
+    %y = torch.aten.matmul %x, %w : [?,?,K], [K,N] -> [?,?,N]
+  → %x2 = torch.aten.flatten.using_ints %x, 0, 1
+    %y2 = torch.aten.mm %x2, %w
+    %y = torch.aten.view %y2, [size(x,0), size(x,1), N]
+"""
+
+import math
+
+from torch_mlir import ir
+from torch_mlir.dialects import torch as torch_d
+
+from stageml.compiler.ir import users, vtensor_shape, vtensor_type
+from stageml.compiler.passes import register
+
+
+def _int(value: int) -> ir.Value:
+    return torch_d.ConstantIntOp(ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)).result
+
+
+def _int_list(values) -> ir.Value:
+    return torch_d.PrimListConstructOp(ir.Type.parse("!torch.list<int>"), values).result
+
+
+def flatten(op) -> bool:
+    x, w = op.operands
+    x_dims, dtype = vtensor_shape(x.type)
+    w_dims, _ = vtensor_shape(w.type)
+    if len(x_dims) < 3 or len(w_dims) != 2:
+        return False
+    k, n = w_dims
+    rows = None if None in x_dims[:-1] else math.prod(x_dims[:-1])
+    with ir.InsertionPoint(op), op.location:
+        flat = torch_d.AtenFlattenUsingIntsOp(vtensor_type([rows, k], dtype), x, _int(0), _int(len(x_dims) - 2))
+        product = torch_d.AtenMmOp(vtensor_type([rows, n], dtype), flat.result, w)
+        sizes = [torch_d.AtenSizeIntOp(x, _int(d)).result if size is None else _int(size)
+                 for d, size in enumerate(x_dims[:-1])]
+        out = torch_d.AtenViewOp(op.result.type, product.result, _int_list(sizes + [_int(n)]))
+    op.result.replace_all_uses_with(out.result)
+    op.erase()
+    return True
+
+
+@register("flatten-matmul", "rewrite matmul(x[...,K], W[K,N]) as a 2-D mm between views")
+def run(module_op, options) -> None:
+    for func in module_op.regions[0].blocks[0].operations:
+        for op in list(func.regions[0].blocks[0].operations):
+            if op.operation.name == "torch.aten.matmul" and users(op.result):
+                options.stats["flatten-matmul"] += flatten(op.operation)

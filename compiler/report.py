@@ -1,0 +1,29 @@
+"""The compile report: what each stage got and what the compiler did."""
+
+import collections
+import dataclasses
+
+
+@dataclasses.dataclass
+class Report:
+    ops: dict = dataclasses.field(default_factory=dict)        # binding time -> op count
+    rewrites: dict = dataclasses.field(default_factory=dict)   # rewrite -> count
+    lifted: dict = dataclasses.field(default_factory=dict)     # "static->dynamic" -> count
+    folded_values: int = 0
+    folded_bytes: int = 0
+
+    @classmethod
+    def from_stats(cls, ops: dict, stats: collections.Counter) -> "Report":
+        lifted = {k.split(" ", 1)[1]: v for k, v in stats.items() if k.startswith("lifted ")}
+        rewrites = {k: v for k, v in stats.items() if not k.startswith("lifted ")}
+        return cls(ops=ops, rewrites=rewrites, lifted=lifted)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def __str__(self) -> str:
+        lines = ["ops per binding time: " + ", ".join(f"{k} {v}" for k, v in self.ops.items()),
+                 "rewrites: " + (", ".join(f"{k} x{v}" for k, v in sorted(self.rewrites.items())) or "none"),
+                 "lifted values: " + (", ".join(f"{k} {v}" for k, v in self.lifted.items()) or "none"),
+                 f"folded values: {self.folded_values} ({self.folded_bytes / 2**20:.2f} MiB)"]
+        return "\n".join(lines)

@@ -1,0 +1,29 @@
+// The binding-time dialect.
+//
+//   #bt.time<"static" | "adapter" | "dynamic">   when a value becomes known;
+//       carried as the `bt.time` attribute on ops and function arguments.
+//   "bt.lift"(%v) {from, to, name}               %v, computed at `from`, is
+//       used at the later time `to`; after bt-split each lift is a stage
+//       boundary (a parameter or per-adapter state) called `name`.
+//
+// The operand and result of bt.lift share one constraint variable, so their
+// types must be equal; `from < to` is checked by bt-verify.
+irdl.dialect @bt {
+  irdl.attribute @time {
+    %static = irdl.is "static"
+    %adapter = irdl.is "adapter"
+    %dynamic = irdl.is "dynamic"
+    %any_time = irdl.any_of(%static, %adapter, %dynamic)
+    irdl.parameters(value: %any_time)
+  }
+
+  irdl.operation @lift {
+    %type = irdl.any
+    %from = irdl.base @bt::@time
+    %to = irdl.base @bt::@time
+    %name = irdl.base "#builtin.string"
+    irdl.operands(value: %type)
+    irdl.results(lifted: %type)
+    irdl.attributes {"from" = %from, "to" = %to, "name" = %name}
+  }
+}

@@ -1,0 +1,113 @@
+"""Loading and calling a compiled residual (.vmfb + .irpa + .json)."""
+
+import json
+import os
+
+import numpy as np
+from iree import runtime as iree_rt
+
+from stageml.errors import ArtifactError, InputError
+
+FORMAT = "stageml-residual/1"
+
+
+def _read_manifest(vmfb_path: str) -> dict:
+    stem = vmfb_path[:-5] if vmfb_path.endswith(".vmfb") else vmfb_path
+    path = stem + ".json"
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
+        raise ArtifactError(f"manifest {path!r} is missing: keep the .json that stagemlc wrote beside the .vmfb") from None
+    except (OSError, ValueError):
+        raise ArtifactError(f"manifest {path!r} is corrupt: recompile the model with stagemlc") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ArtifactError(f"manifest {path!r} is not a {FORMAT} manifest: recompile the model with stagemlc")
+    return manifest
+
+
+def _check_input(spec: dict, value) -> np.ndarray:
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    value = np.asarray(value)
+    expected = "[" + ", ".join("?" if d is None else str(d) for d in spec["shape"]) + "] " + spec["dtype"]
+    shape_ok = value.ndim == len(spec["shape"]) and all(
+        d is None or d == s for d, s in zip(spec["shape"], value.shape))
+    if not shape_ok or value.dtype != np.dtype(spec["dtype"]):
+        raise InputError(f"input {spec['name']!r} has shape {list(value.shape)} {value.dtype}; "
+                         f"expected {expected}")
+    return np.ascontiguousarray(value)
+
+
+class ResidualModule:
+    """A loaded residual: call it like the model (`mod(x)`)."""
+
+    def __init__(self, path: str, device: str = "local-task"):
+        path = os.fspath(path)
+        self.manifest = _read_manifest(path)
+        directory = os.path.dirname(os.path.abspath(path))
+        vmfb_path = os.path.join(directory, self.manifest["vmfb"])
+        irpa_path = os.path.join(directory, self.manifest["parameters"])
+        for file, what in ((vmfb_path, "module"), (irpa_path, "parameter archive")):
+            if not os.path.isfile(file):
+                raise ArtifactError(f"{what} {file!r} is missing: keep the files stagemlc wrote together")
+        try:
+            self._config = iree_rt.Config(device)
+        except Exception:
+            raise ArtifactError(f"IREE device {device!r} is not available: use 'local-task' for the CPU") from None
+        self._index = iree_rt.ParameterIndex()
+        try:
+            self._index.load(irpa_path)
+            entries = {key: entry for key, entry in self._index.items()}
+        except Exception:
+            raise ArtifactError(f"parameter archive {irpa_path!r} is corrupt or truncated: recompile the model") from None
+        self._check_archive(irpa_path, entries)
+        instance = self._config.vm_instance
+        try:
+            with open(vmfb_path, "rb") as f:
+                main = iree_rt.VmModule.copy_buffer(instance, f.read())
+        except Exception:
+            raise ArtifactError(f"module {vmfb_path!r} is corrupt: recompile the model") from None
+        provider = self._index.create_provider(scope=self.manifest["parameter_scope"])
+        params = iree_rt.create_io_parameters_module(instance, provider)
+        self._module = iree_rt.load_vm_modules(params, main, config=self._config)[-1]
+        self._entries = entries
+        if "adapter" in self.manifest["entry_points"]:
+            self._run_adapter(self._default_adapter())
+
+    def _check_archive(self, irpa_path: str, entries: dict) -> None:
+        size = os.path.getsize(irpa_path)
+        for key, entry in entries.items():
+            if entry.is_file and entry.file_storage.offset + entry.length > size if hasattr(entry.file_storage, "offset") else False:
+                raise ArtifactError(f"parameter archive {irpa_path!r} is truncated: recompile the model")
+
+    def _default_adapter(self) -> list:
+        prefix = self.manifest["default_adapter_prefix"]
+        specs = self.manifest["entry_points"]["adapter"]["inputs"]
+        try:
+            return [iree_rt.parameter_index_entry_as_numpy_ndarray(self._entries[prefix + s["name"]]) for s in specs]
+        except Exception:
+            raise ArtifactError("the parameter archive lacks the default adapter weights: recompile the model") from None
+
+    def _run_adapter(self, arrays: list) -> None:
+        self._module.adapter(*[np.ascontiguousarray(a) for a in arrays])
+
+    @property
+    def inputs(self) -> list:
+        return self.manifest["entry_points"]["forward"]["inputs"]
+
+    def __call__(self, *inputs):
+        specs = self.inputs
+        if len(inputs) != len(specs):
+            names = ", ".join(s["name"] for s in specs)
+            raise InputError(f"the residual takes {len(specs)} input(s) ({names}), got {len(inputs)}: pass exactly those")
+        arrays = [_check_input(s, v) for s, v in zip(specs, inputs)]
+        results = self._module.forward(*arrays)
+        if isinstance(results, (tuple, list)):
+            return tuple(np.asarray(r.to_host()) for r in results)
+        return np.asarray(results.to_host())
+
+
+def load(path: str, device: str = "local-task") -> ResidualModule:
+    """Loads `residual.vmfb` with its `.irpa` and `.json`. Args: path, IREE device."""
+    return ResidualModule(path, device)

@@ -1,0 +1,1 @@
+"""Command-line tools: stagemlc (the compiler) and stageml-opt (pass runner)."""

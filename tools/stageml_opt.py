@@ -1,0 +1,57 @@
+"""stageml-opt: run StageML passes on an MLIR file and print the result.
+
+    stageml-opt in.mlir -p bt-annotate,bt-propagate [--stage GLOB=TIME]...
+    stageml-opt in.mlir --verify-only      # parse and verify (bt dialect loaded)
+"""
+
+import argparse
+import sys
+
+from stageml.errors import StageMLError
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="stageml-opt", description=__doc__.splitlines()[0])
+    parser.add_argument("input", nargs="?", default="-", help="an MLIR file, or - for stdin (the default)")
+    parser.add_argument("-p", "--passes", default="", help="comma-separated pass names, run in order")
+    parser.add_argument("--stage", action="append", default=[], metavar="GLOB=TIME",
+                        help="for bt-annotate: the binding time of the arguments whose bt.name GLOB matches")
+    parser.add_argument("--no-lora-merge", action="store_true", help="bt-improve keeps adapter factors unmerged")
+    parser.add_argument("--list", action="store_true", help="list the registered passes")
+    args = parser.parse_args(argv)
+
+    from torch_mlir import ir
+
+    from stageml.compiler import stage_spec
+    from stageml.compiler.ir import arg_name, new_context
+    from stageml.compiler.passes import PASSES, PassOptions, main_func, run_passes
+
+    if args.list:
+        for name, (_, description) in sorted(PASSES.items()):
+            print(f"{name:16} {description}")
+        return 0
+    text = sys.stdin.read() if args.input == "-" else open(args.input).read()
+    context = new_context()
+    try:
+        with context:
+            try:
+                module = ir.Module.parse(text)
+            except ir.MLIRError as e:
+                print(f"stageml-opt: error: {e}", file=sys.stderr)
+                return 1
+            names = [n for n in args.passes.split(",") if n]
+            options = PassOptions(merge_lora=not args.no_lora_merge)
+            if "bt-annotate" in names:
+                func = main_func(module.operation)
+                arg_names = [arg_name(func, i) for i in range(len(func.regions[0].blocks[0].arguments))]
+                options.stages = stage_spec.resolve(arg_names, set(), [stage_spec.parse_stage_option(s) for s in args.stage])
+            run_passes(module, names, options)
+            print(module)
+    except StageMLError as e:
+        print(f"stageml-opt: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

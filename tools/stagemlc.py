@@ -1,0 +1,52 @@
+"""stagemlc: compile an exported PyTorch model into a staged residual.
+
+    stagemlc model.pt2 -o out/residual.vmfb [--stage GLOB=TIME]... [--emit STAGE]
+             [--dump-stages DIR] [--target cpu] [--no-lora-merge] [-q]
+"""
+
+import argparse
+import os
+import sys
+
+from stageml.compiler.driver import STAGES, TARGETS
+from stageml.compiler.stage_spec import parse_stage_option
+from stageml.errors import StageMLError
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="stagemlc", description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="a .pt/.pt2 file written by torch.export.save")
+    parser.add_argument("-o", "--output", default="residual.vmfb", help="the residual .vmfb (.irpa and .json go beside it)")
+    parser.add_argument("--stage", action="append", default=[], metavar="GLOB=TIME",
+                        help="binding time (static|adapter|dynamic) of the parameters, buffers or inputs GLOB matches")
+    parser.add_argument("--emit", choices=list(STAGES), default="vmfb", help="stop after this stage and write its output to -o")
+    parser.add_argument("--dump-stages", metavar="DIR", help="write every stage's output into DIR")
+    parser.add_argument("--target", choices=TARGETS, default="cpu")
+    parser.add_argument("--no-lora-merge", action="store_true", help="keep LoRA factors unmerged in the residual")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print no progress or report")
+    args = parser.parse_args(argv)
+    try:
+        from stageml.compiler.driver import compile as compile_model
+        stages = [parse_stage_option(s) for s in args.stage]
+        art = compile_model(args.model, stages=stages, target=args.target, emit=args.emit,
+                            dump_dir=args.dump_stages, merge_lora=not args.no_lora_merge,
+                            verbose=not args.quiet)
+        if args.emit == "vmfb":
+            path = art.save(args.output)
+        else:
+            os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+            with open(args.output, "w") as f:
+                f.write(art.mlir[args.emit])
+            path = args.output
+    except StageMLError as e:
+        print(f"stagemlc: error: {e}", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        if art.report is not None:
+            print(art.report)
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
