@@ -8,6 +8,7 @@
 """
 
 import dataclasses
+import logging
 import os
 import zipfile
 
@@ -40,16 +41,21 @@ def load_exported(path: str) -> torch.export.ExportedProgram:
     """Loads an ExportedProgram saved with `torch.export.save`."""
     if not os.path.isfile(path):
         raise ModelLoadError(f"model file {path!r} does not exist: pass the path of a file written by torch.export.save")
-    try:
-        return torch.export.load(path)
-    except Exception:
-        pass
-    if zipfile.is_zipfile(path) and any(n.endswith("data.pkl") for n in zipfile.ZipFile(path).namelist()):
+    names = zipfile.ZipFile(path).namelist() if zipfile.is_zipfile(path) else []
+    if any(n.endswith("data.pkl") for n in names) and not any(n.endswith("archive_format") for n in names):
         raise ModelLoadError(
             f"{path!r} is a pickled model (torch.save), not an ExportedProgram: "
             "save it with torch.export.save(torch.export.export(model, args), path)"
         )
-    raise ModelLoadError(f"{path!r} is not an ExportedProgram: write it with torch.export.save")
+    logger = logging.getLogger("torch.export")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)  # torch logs a traceback before raising
+    try:
+        return torch.export.load(path)
+    except Exception:
+        raise ModelLoadError(f"{path!r} is not an ExportedProgram: write it with torch.export.save") from None
+    finally:
+        logger.setLevel(level)
 
 
 def export(model, args: tuple, dynamic_shapes=None) -> torch.export.ExportedProgram:

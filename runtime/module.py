@@ -61,7 +61,6 @@ class ResidualModule:
             entries = {key: entry for key, entry in self._index.items()}
         except Exception:
             raise ArtifactError(f"parameter archive {irpa_path!r} is corrupt or truncated: recompile the model") from None
-        self._check_archive(irpa_path, entries)
         instance = self._config.vm_instance
         try:
             with open(vmfb_path, "rb") as f:
@@ -74,12 +73,6 @@ class ResidualModule:
         self._entries = entries
         if "adapter" in self.manifest["entry_points"]:
             self._run_adapter(self._default_adapter())
-
-    def _check_archive(self, irpa_path: str, entries: dict) -> None:
-        size = os.path.getsize(irpa_path)
-        for key, entry in entries.items():
-            if entry.is_file and entry.file_storage.offset + entry.length > size if hasattr(entry.file_storage, "offset") else False:
-                raise ArtifactError(f"parameter archive {irpa_path!r} is truncated: recompile the model")
 
     def _default_adapter(self) -> list:
         prefix = self.manifest["default_adapter_prefix"]

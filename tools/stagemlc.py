@@ -7,6 +7,7 @@
 import argparse
 import os
 import sys
+import warnings
 
 from stageml.compiler.driver import STAGES, TARGETS
 from stageml.compiler.stage_spec import parse_stage_option
@@ -25,6 +26,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-lora-merge", action="store_true", help="keep LoRA factors unmerged in the residual")
     parser.add_argument("-q", "--quiet", action="store_true", help="print no progress or report")
     args = parser.parse_args(argv)
+    warnings.simplefilter("ignore")  # torch's and transformers' deprecation noise
     try:
         from stageml.compiler.driver import compile as compile_model
         stages = [parse_stage_option(s) for s in args.stage]

@@ -1,0 +1,28 @@
+// RUN: stageml-opt %s -p bt-annotate --stage 'fc.weight=static' --stage '*lora_*=adapter' | filecheck %s
+// RUN: stageml-opt %s -p bt-annotate | filecheck %s --check-prefix=DEFAULT
+
+// Each argument gets the time of the last --stage glob that matches its
+// bt.name; the others are request-time. Ops are left alone.
+
+// CHECK-LABEL: func.func @main
+// CHECK-SAME: %arg0: !torch.vtensor<[4,8],f32> {bt.name = "fc.weight", bt.time = #bt.time<"static">}
+// CHECK-SAME: %arg1: !torch.vtensor<[2,8],f32> {bt.name = "fc.lora_A.weight", bt.time = #bt.time<"adapter">}
+// CHECK-SAME: %arg2: !torch.vtensor<[?,8],f32> {bt.name = "x", bt.time = #bt.time<"dynamic">}
+// CHECK-SAME: %arg3: !torch.vtensor<[4],f32> {bt.time = #bt.time<"dynamic">}
+// CHECK: torch.aten.transpose.int %arg0, %int0, %int1 :
+// CHECK-NOT: bt.time
+// CHECK: return
+
+// stageml-opt knows no parameter names (weight_names is empty), so with no
+// --stage every argument, lora_A included, is dynamic.
+// DEFAULT-LABEL: func.func @main
+// DEFAULT-SAME: {bt.name = "fc.weight", bt.time = #bt.time<"dynamic">}
+// DEFAULT-SAME: {bt.name = "fc.lora_A.weight", bt.time = #bt.time<"dynamic">}
+// DEFAULT-SAME: {bt.name = "x", bt.time = #bt.time<"dynamic">}
+// DEFAULT-SAME: {bt.time = #bt.time<"dynamic">}
+func.func @main(%arg0: !torch.vtensor<[4,8],f32> {bt.name = "fc.weight"}, %arg1: !torch.vtensor<[2,8],f32> {bt.name = "fc.lora_A.weight"}, %arg2: !torch.vtensor<[?,8],f32> {bt.name = "x"}, %arg3: !torch.vtensor<[4],f32>) -> !torch.vtensor<[8,4],f32> {
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %0 = torch.aten.transpose.int %arg0, %int0, %int1 : !torch.vtensor<[4,8],f32>, !torch.int, !torch.int -> !torch.vtensor<[8,4],f32>
+  return %0 : !torch.vtensor<[8,4],f32>
+}
