@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 STAMP := .venv/.stageml-installed
 
-.PHONY: demo test pytest lit bench clean
+.PHONY: demo test bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -17,7 +17,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
-	PATH=$(CURDIR)/.venv/bin:$$PATH $(PY) -m lit -v lit_tests
+	PATH=$(CURDIR)/.venv/bin:$$PATH .venv/bin/lit -v lit_tests
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_cpu.py

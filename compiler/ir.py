@@ -110,12 +110,22 @@ def users(value: ir.Value) -> list:
     return [use.owner for use in value.uses]
 
 
+# Ops whose results are not a function of their operands alone.
+_EFFECTFUL = ("torch.operator", "torch.aten.rand", "torch.aten.randn", "torch.aten.randint",
+              "torch.aten.bernoulli", "torch.aten.dropout", "torch.aten.uniform",
+              "torch.aten.normal", "torch.aten.multinomial", "torch.runtime.assert")
+
+
+def is_effectful(op: ir.Operation) -> bool:
+    return op.name.startswith(_EFFECTFUL)
+
+
 def erase_dead_ops(block: ir.Block) -> int:
-    """Erases operations whose results are all unused (and that have results)."""
+    """Erases pure operations whose results are all unused."""
     erased = 0
     for op in reversed(list(block.operations)):
         op = op.operation
-        if len(op.results) and all(len(users(r)) == 0 for r in op.results):
+        if len(op.results) and not is_effectful(op) and all(len(users(r)) == 0 for r in op.results):
             op.erase()
             erased += 1
     return erased

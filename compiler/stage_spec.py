@@ -35,7 +35,7 @@ def resolve(names: list[str], weight_names: set[str], spec=None) -> dict[str, Bi
     times = {}
     for name in names:
         times[name] = BindingTime.STATIC if name in weight_names else BindingTime.DYNAMIC
-        if name in weight_names and any(fnmatch.fnmatchcase(name, p) for p in ADAPTER_PATTERNS):
+        if any(fnmatch.fnmatchcase(name, p) for p in ADAPTER_PATTERNS):
             times[name] = BindingTime.ADAPTER
     pairs = list(spec.items()) if isinstance(spec, dict) else list(spec or [])
     for glob, time in pairs:

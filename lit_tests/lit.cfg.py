@@ -1,7 +1,7 @@
 # -*- Python -*-
 # lit configuration for StageML's IR tests (after LLVM mlir/examples/standalone).
 #
-#   PATH=.venv/bin:$PATH python -m lit -v lit_tests
+#   PATH=.venv/bin:$PATH lit -v lit_tests      (lit 23 has no `python -m lit`)
 #
 # Every test is a .mlir file whose RUN lines pipe `stageml-opt` into
 # `filecheck` (the Python port of LLVM FileCheck).

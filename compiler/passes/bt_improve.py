@@ -55,7 +55,8 @@ def _dims(value):
 
 
 def _is_earlier_matrix(value, time) -> bool:
-    return value_time(value) < time and len(_dims(value)) == 2
+    dims = _dims(value)
+    return value_time(value) < time and len(dims) == 2 and None not in dims
 
 
 def linear_form(value: ir.Value, root: bool = True) -> LinearForm:
@@ -128,7 +129,7 @@ def improve(func, options) -> None:
         if form.matrix is None or form.products < 2:
             continue
         inputs, outputs = _dims(form.x)[-1], _dims(op.result)[-1]
-        if inputs * outputs >= form.flops:
+        if inputs is None or outputs is None or inputs * outputs >= form.flops:
             continue  # merging would not lower request-time FLOPs
         if not options.merge_lora and _matrix_time(form.matrix) == BindingTime.ADAPTER:
             continue  # the cost policy keeps adapters factorized

@@ -11,19 +11,12 @@ dynamic. This is the least congruent annotation (DESIGN.md):
 """
 
 from stageml.binding_time import BindingTime
-from stageml.compiler.ir import set_op_time, value_time
+from stageml.compiler.ir import is_effectful, set_op_time, value_time
 from stageml.compiler.passes import main_func, register
-
-# Ops whose results are not a function of their operands.
-_EFFECTFUL = ("torch.operator", "torch.aten.rand", "torch.aten.randn", "torch.aten.randint",
-              "torch.aten.bernoulli", "torch.aten.dropout", "torch.aten.uniform",
-              "torch.aten.normal", "torch.aten.multinomial", "torch.runtime.assert")
-
 
 def op_time(op) -> BindingTime:
     """The binding time `op` must have, from its operands and its kind."""
-    name = op.name
-    if name.startswith(_EFFECTFUL) or len(op.regions) > 0 or len(op.results) == 0:
+    if is_effectful(op) or len(op.regions) > 0 or len(op.results) == 0:
         return BindingTime.DYNAMIC
     return BindingTime.STATIC.join(*(value_time(v) for v in op.operands))
 

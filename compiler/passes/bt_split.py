@@ -14,7 +14,8 @@
 Arguments of a later stage are, in order: values lifted from static, values
 lifted from adapter, then the model's arguments of that time; each carries
 `bt.name` and `bt.time` (the time it comes from). Constants are cloned into
-each stage that uses them. A stage with nothing to compute is left out.
+each stage that uses them. @static and @adapter are left out when they have
+no results.
 """
 
 from torch_mlir import ir

@@ -50,6 +50,8 @@ def flatten(op) -> bool:
 @register("flatten-matmul", "rewrite matmul(x[...,K], W[K,N]) as a 2-D mm between views")
 def run(module_op, options) -> None:
     for func in module_op.regions[0].blocks[0].operations:
+        if not len(func.regions) or not len(func.regions[0].blocks):
+            continue  # a declaration
         for op in list(func.regions[0].blocks[0].operations):
             if op.operation.name == "torch.aten.matmul" and users(op.result):
                 options.stats["flatten-matmul"] += flatten(op.operation)

@@ -1,8 +1,9 @@
-// RUN: stageml-opt %s -p bt-annotate --stage 'fc.weight=static' --stage '*lora_*=adapter' | filecheck %s
+// RUN: stageml-opt %s -p bt-annotate --stage 'fc.weight=static' | filecheck %s
 // RUN: stageml-opt %s -p bt-annotate | filecheck %s --check-prefix=DEFAULT
 
 // Each argument gets the time of the last --stage glob that matches its
-// bt.name; the others are request-time. Ops are left alone.
+// bt.name; PEFT's adapter names are adapter-time by default; the others are
+// request-time. Ops are left alone.
 
 // CHECK-LABEL: func.func @main
 // CHECK-SAME: %arg0: !torch.vtensor<[4,8],f32> {bt.name = "fc.weight", bt.time = #bt.time<"static">}
@@ -13,11 +14,11 @@
 // CHECK-NOT: bt.time
 // CHECK: return
 
-// stageml-opt knows no parameter names (weight_names is empty), so with no
-// --stage every argument, lora_A included, is dynamic.
+// stageml-opt knows no parameter names, so with no --stage only PEFT's
+// adapter names get a time other than dynamic.
 // DEFAULT-LABEL: func.func @main
 // DEFAULT-SAME: {bt.name = "fc.weight", bt.time = #bt.time<"dynamic">}
-// DEFAULT-SAME: {bt.name = "fc.lora_A.weight", bt.time = #bt.time<"dynamic">}
+// DEFAULT-SAME: {bt.name = "fc.lora_A.weight", bt.time = #bt.time<"adapter">}
 // DEFAULT-SAME: {bt.name = "x", bt.time = #bt.time<"dynamic">}
 // DEFAULT-SAME: {bt.time = #bt.time<"dynamic">}
 func.func @main(%arg0: !torch.vtensor<[4,8],f32> {bt.name = "fc.weight"}, %arg1: !torch.vtensor<[2,8],f32> {bt.name = "fc.lora_A.weight"}, %arg2: !torch.vtensor<[?,8],f32> {bt.name = "x"}, %arg3: !torch.vtensor<[4],f32>) -> !torch.vtensor<[8,4],f32> {

@@ -35,7 +35,7 @@
 // NOMERGE:       %[[XAB:[0-9]+]] = torch.aten.matmul %[[XA]], %{{[0-9]+}} {bt.time = #bt.time<"dynamic">}
 // NOMERGE-NEXT:  %[[SC:[0-9]+]] = torch.aten.mul.Scalar %[[XAB]], %float2.000000e00 {bt.time = #bt.time<"dynamic">}
 // NOMERGE-NEXT:  %[[Y0:[0-9]+]] = torch.aten.add.Tensor %[[XW]], %[[SC]], %int1 {bt.time = #bt.time<"dynamic">}
-// NOMERGE-NOT:   torch.aten.mm %{{[0-9]+}}, %{{[0-9]+}}
+// NOMERGE-NOT:   torch.aten.mm %{{[0-9]+}}
 // NOMERGE:       %[[PQ:[0-9]+]] = torch.aten.mm %arg3, %arg4 {bt.time = #bt.time<"static">}
 // NOMERGE-NEXT:  %[[Y2:[0-9]+]] = torch.aten.matmul %arg5, %[[PQ]] {bt.time = #bt.time<"dynamic">}
 // NOMERGE-NEXT:  return %[[Y0]], %{{[0-9]+}}, %[[Y2]] :

@@ -1,0 +1,23 @@
+// RUN: stageml-opt %s | filecheck %s
+// RUN: stageml-opt %s | stageml-opt | filecheck %s
+
+// #bt.time on arguments and ops, and the generic "bt.lift" op, parse and
+// print back (the printed form parses again to the same text).
+
+// CHECK-LABEL: func.func @main
+// CHECK-SAME:    (%arg0: !torch.vtensor<[4,8],f32> {bt.name = "fc.weight", bt.time = #bt.time<"static">},
+// CHECK-SAME:     %arg1: !torch.vtensor<[4,8],f32> {bt.name = "fc.delta", bt.time = #bt.time<"adapter">},
+// CHECK-SAME:     %arg2: !torch.vtensor<[4,8],f32> {bt.time = #bt.time<"dynamic">})
+// CHECK-NEXT:  %[[C:[a-z0-9_]+]] = torch.constant.int 1 {bt.time = #bt.time<"static">}
+// Attributes print sorted by name.
+// CHECK-NEXT:  %[[L0:[0-9]+]] = "bt.lift"(%arg0) {from = #bt.time<"static">, name = "fc.weight", to = #bt.time<"adapter">} : (!torch.vtensor<[4,8],f32>) -> !torch.vtensor<[4,8],f32>
+// CHECK-NEXT:  %[[A:[0-9]+]] = torch.aten.add.Tensor %[[L0]], %arg1, %[[C]] {bt.time = #bt.time<"adapter">}
+// CHECK-NEXT:  %[[L1:[0-9]+]] = "bt.lift"(%[[A]]) {bt.time = #bt.time<"dynamic">, from = #bt.time<"adapter">, name = "adapter.0", to = #bt.time<"dynamic">} : (!torch.vtensor<[4,8],f32>) -> !torch.vtensor<[4,8],f32>
+// CHECK-NEXT:  return %[[L1]] : !torch.vtensor<[4,8],f32>
+func.func @main(%arg0: !torch.vtensor<[4,8],f32> {bt.name = "fc.weight", bt.time = #bt.time<"static">}, %arg1: !torch.vtensor<[4,8],f32> {bt.name = "fc.delta", bt.time = #bt.time<"adapter">}, %arg2: !torch.vtensor<[4,8],f32> {bt.time = #bt.time<"dynamic">}) -> !torch.vtensor<[4,8],f32> {
+  %int1 = torch.constant.int 1 {bt.time = #bt.time<"static">}
+  %0 = "bt.lift"(%arg0) {to = #bt.time<"adapter">, name = "fc.weight", from = #bt.time<"static">} : (!torch.vtensor<[4,8],f32>) -> !torch.vtensor<[4,8],f32>
+  %1 = torch.aten.add.Tensor %0, %arg1, %int1 {bt.time = #bt.time<"adapter">} : !torch.vtensor<[4,8],f32>, !torch.vtensor<[4,8],f32>, !torch.int -> !torch.vtensor<[4,8],f32>
+  %2 = "bt.lift"(%1) {from = #bt.time<"adapter">, to = #bt.time<"dynamic">, name = "adapter.0", bt.time = #bt.time<"dynamic">} : (!torch.vtensor<[4,8],f32>) -> !torch.vtensor<[4,8],f32>
+  return %2 : !torch.vtensor<[4,8],f32>
+}

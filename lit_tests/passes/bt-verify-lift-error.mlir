@@ -1,0 +1,16 @@
+// RUN: not stageml-opt %s -p bt-verify 2>&1 | filecheck %s
+
+// Once the IR has lifts, every tensor that crosses to a later stage must go
+// through one: the second matmul reads the static %0 directly.
+
+func.func @main(%arg0: !torch.vtensor<[4,8],f32> {bt.name = "fc.weight", bt.time = #bt.time<"static">}, %arg1: !torch.vtensor<[?,8],f32> {bt.name = "x", bt.time = #bt.time<"dynamic">}) -> (!torch.vtensor<[?,4],f32>, !torch.vtensor<[?,4],f32>) {
+  %int0 = torch.constant.int 0 {bt.time = #bt.time<"static">}
+  %int1 = torch.constant.int 1 {bt.time = #bt.time<"static">}
+  %0 = torch.aten.transpose.int %arg0, %int0, %int1 {bt.time = #bt.time<"static">} : !torch.vtensor<[4,8],f32>, !torch.int, !torch.int -> !torch.vtensor<[8,4],f32>
+  %1 = "bt.lift"(%0) {bt.time = #bt.time<"dynamic">, from = #bt.time<"static">, name = "static.0", to = #bt.time<"dynamic">} : (!torch.vtensor<[8,4],f32>) -> !torch.vtensor<[8,4],f32>
+  %2 = torch.aten.matmul %arg1, %1 {bt.time = #bt.time<"dynamic">} : !torch.vtensor<[?,8],f32>, !torch.vtensor<[8,4],f32> -> !torch.vtensor<[?,4],f32>
+  // CHECK: stageml-opt: error: bt-verify: loc("{{.*}}":[[# @LINE + 1]]:8): 'torch.aten.matmul' is dynamic and uses a static operand without a bt.lift
+  %3 = torch.aten.matmul %arg1, %0 {bt.time = #bt.time<"dynamic">} : !torch.vtensor<[?,8],f32>, !torch.vtensor<[8,4],f32> -> !torch.vtensor<[?,4],f32>
+  return %2, %3 : !torch.vtensor<[?,4],f32>, !torch.vtensor<[?,4],f32>
+}
+// CHECK-NOT: Traceback
