@@ -4,7 +4,9 @@
     bt     → .bt.mlir      annotated, improved, lifted (bt-annotate … bt-lift)
     split  → .split.mlir   @static, @adapter, @forward (bt-split, flatten-matmul)
     linalg → .linalg.mlir  each stage lowered by torch-mlir
-    vmfb   → .vmfb         @static evaluated, residual compiled by IREE
+    iree   → .iree.mlir    @static evaluated; the residual as IREE input
+                           (parameters, adapter state, packed weights)
+    vmfb   → .vmfb         the residual compiled by IREE
 
 `compile(..., emit=STAGE)` stops after STAGE; `dump_dir` writes every stage's
 output as it is produced.
@@ -25,7 +27,7 @@ from stageml.compiler.report import Report
 from stageml.errors import CompileError
 
 STAGES = {"torch": ".torch.mlir", "bt": ".bt.mlir", "split": ".split.mlir",
-          "linalg": ".linalg.mlir", "vmfb": ".vmfb"}
+          "linalg": ".linalg.mlir", "iree": ".iree.mlir", "vmfb": ".vmfb"}
 
 BT_PIPELINE = ("bt-annotate", "bt-propagate", "bt-verify", "bt-improve", "bt-verify",
                "bt-lift", "bt-verify")
@@ -92,7 +94,10 @@ def compile(model, args=None, *, stages=None, dynamic_shapes=None, target="cpu",
     folded = evaluate_static(linalg, sigs["static"], imported.weights) if "static" in sigs else {}
     art.report.folded_values = len(folded)
     art.report.folded_bytes = sum(v.nbytes for v in folded.values())
-    vmfb = lowering.compile_cpu(lowering.residual_module(linalg, sigs), "residual")
+    residual = lowering.residual_module(linalg, sigs)
+    if done("iree", residual):
+        return art
+    vmfb = lowering.compile_cpu(residual, "residual")
     adapter_args = [a for a in sigs.get("adapter", lowering.Signature("adapter", [], [])).args if a.time == "adapter"]
     art.vmfb = vmfb
     art.parameters = folded

@@ -5,7 +5,7 @@
       → IREE input: for the residual, every lifted static value becomes an
         `util.global = #flow.parameter.named<"model"::NAME>` and every
         adapter-time value a mutable global that @adapter stores and @forward
-        loads
+        loads; products against them use packed weights (pack_weights.py)
       → iree.compiler for the target
 """
 
@@ -20,6 +20,7 @@ from torch_mlir import ir
 from torch_mlir.compiler_utils import run_pipeline_with_repro_report
 
 from stageml.binding_time import BindingTime
+from stageml.compiler.pack_weights import pack_weights
 from stageml.compiler.ir import NAME, TIME, arg_attrs, parse_time, vtensor_shape
 from stageml.compiler.passes.bt_split import STAGE_FUNCS
 from stageml.errors import CompileError
@@ -190,6 +191,8 @@ def _globalize(module, sigs: dict) -> str:
         ret.erase()
         fn_type = iree_ir.FunctionType(iree_ir.TypeAttr(adapter.attributes["function_type"]).value)
         adapter.attributes["function_type"] = iree_ir.TypeAttr.get(iree_ir.FunctionType.get(fn_type.inputs, []))
+    with module.operation.location:
+        pack_weights(module, funcs)
     return str(module)
 
 
@@ -202,10 +205,11 @@ def _tensor_type(t: Tensor) -> iree_ir.Type:
     return iree_ir.RankedTensorType.get([iree_ir.ShapedType.get_dynamic_size() if d is None else d for d in t.shape], element)
 
 
-def compile_cpu(text: str, stage: str, flags=CPU_FLAGS) -> bytes:
-    """Compiles IREE input for the host CPU (llvm-cpu)."""
+def compile_cpu(text: str, stage: str, flags=None) -> bytes:
+    """Compiles IREE input for the host CPU (llvm-cpu); flags default to CPU_FLAGS."""
     try:
-        return iree_compiler.compile_str(text, target_backends=["llvm-cpu"], extra_args=list(flags))
+        return iree_compiler.compile_str(text, target_backends=["llvm-cpu"],
+                                         extra_args=list(CPU_FLAGS if flags is None else flags))
     except iree_compiler.CompilerToolError as e:
         lines = [l for l in str(e).splitlines() if "error:" in l] or ["(no diagnostic)"]
         raise CompileError(f"IREE failed to compile @{stage}: {lines[0].split('error:')[-1].strip()}") from e

@@ -38,6 +38,29 @@ def test_lora_linear_is_merged(tmp_path):
     assert rel_err(mod(x), model(x)) <= 1e-5
 
 
+def test_merged_adapter_weight_is_stored_packed(tmp_path):
+    model = LoraLinear(d_in=48, d_out=64).eval()
+    x = torch.randn(5, 48)
+    art = stageml.compile(model, (x,), dynamic_shapes=({0: Dim("b", max=64)},))
+    residual = art.mlir["iree"]
+    # @adapter packs the merged weight once; @forward multiplies with mmt4d.
+    assert "util.global private mutable @adapter.0 : tensor<4x48x16x1xf32>" in residual
+    adapter, forward = residual.split("func.func @forward")
+    assert "linalg.pack" in adapter.split("func.func @adapter")[1]
+    assert "linalg.mmt4d" in forward and "linalg.matmul" not in forward
+    mod = art.load(str(tmp_path / "packed.vmfb"))
+    for rows in (1, 17):  # padded to whole 16-row tiles inside
+        x = torch.randn(rows, 48)
+        assert rel_err(mod(x), model(x)) <= 1e-5
+
+
+def test_unpackable_width_keeps_matmul():
+    model = LoraLinear(d_in=48, d_out=40).eval()  # 40 is no multiple of the 16-wide tile
+    art = stageml.compile(model, (torch.randn(3, 48),), emit="iree")
+    assert "linalg.matmul" in art.mlir["iree"].split("func.func @forward")[1]
+    assert "linalg.mmt4d" not in art.mlir["iree"]
+
+
 def test_unmerged_lora_stays_factorized(tmp_path):
     model = LoraLinear().eval()
     x = torch.randn(4, 48)

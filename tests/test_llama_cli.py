@@ -35,7 +35,8 @@ def test_cli_writes_artifacts_and_report(llama):
     assert {p.name for p in (root / "out").iterdir()} == {"residual.vmfb", "residual.irpa", "residual.json"}
     assert "lora-merge x8" in stdout and "ops per binding time" in stdout
     stages = {p.name for p in (root / "stages").iterdir()}
-    assert stages == {"model.torch.mlir", "model.bt.mlir", "model.split.mlir", "model.linalg.mlir", "model.vmfb"}
+    assert stages == {"model.torch.mlir", "model.bt.mlir", "model.split.mlir", "model.linalg.mlir",
+                      "model.iree.mlir", "model.vmfb"}
 
 
 @pytest.mark.parametrize("shape", [(1, 5), (3, 17)])

@@ -1,0 +1,122 @@
+"""pack-weights: weight layout is earlier-stage work, so the residual's
+products against global weights use a pre-packed (mmt4d) layout.
+
+IREE hoists layout work on immutable globals to load time, but not on the
+mutable per-adapter globals @adapter writes: with its data tiling, a merged
+LoRA weight would be re-packed inside every request. This rewrite makes the
+layout explicit on the IREE input module (linalg on tensors):
+
+    %w = util.global.load @g : tensor<KxNxf32>
+    %y = linalg.matmul ins(%x, %w : tensor<?xKxf32>, tensor<KxNxf32>) outs(%zero)
+  → %w = util.global.load @g : tensor<N/16xKx16x1xf32>   // @g adapter-time:
+                                                          // @adapter stores it packed
+    %p = linalg.pack %x padding_value(0) inner_tiles = [16, 1] : tensor<?xKx16x1xf32>
+    %a = linalg.mmt4d ins(%p, %w) outs(zero : tensor<?xN/16x16x16xf32>)
+    %y = linalg.unpack %a inner_tiles = [16, 16] : tensor<?xNxf32>
+
+For an immutable (static) global the pack stays on the load in @forward,
+where IREE's const-expr hoisting moves it to load time. The tile (16x16x1)
+is the f32 mmt4d tile IREE itself picks on x86 with AVX-512; other element
+types are left to IREE.
+"""
+
+from iree.compiler import ir
+from iree.compiler.dialects import arith, linalg, tensor
+
+M0, N0, K0 = 16, 16, 1
+
+
+def _packed_rhs_type(k: int, n: int, element) -> ir.Type:
+    return ir.RankedTensorType.get([n // N0, k // K0, N0, K0], element)
+
+
+def _pack_rhs(value, k, n, element):
+    dest = tensor.EmptyOp([n // N0, k // K0, N0, K0], element)
+    return linalg.PackOp(dest.result.type, value, dest.result, [1, 0], [], [N0, K0], outer_dims_perm=[1, 0]).result
+
+
+def _is_zero_fill(value) -> bool:
+    op = value.owner
+    if not isinstance(op, ir.OpView) and not hasattr(op, "name"):
+        return False
+    op = op.operation if hasattr(op, "operation") else op
+    if op.name != "linalg.fill":
+        return False
+    scalar = op.operands[0].owner
+    return (hasattr(scalar, "name") and scalar.name == "arith.constant"
+            and float(ir.FloatAttr(scalar.attributes["value"]).value) == 0.0)
+
+
+def _rewrite_matmul(op, rhs_packed) -> None:
+    """matmul(x, w) → unpack(mmt4d(pack(x), rhs_packed)), before `op`."""
+    x = op.operands[0]
+    x_type = ir.RankedTensorType(x.type)
+    out_type = ir.RankedTensorType(op.results[0].type)
+    element = x_type.element_type
+    k, n = x_type.shape[1], out_type.shape[1]
+    with ir.InsertionPoint(op), op.location:
+        zero = arith.ConstantOp(element, 0.0).result
+        if x_type.is_dynamic_dim(0):
+            rows = tensor.DimOp(x, arith.ConstantOp(ir.IndexType.get(), 0).result).result
+            tiles = arith.CeilDivUIOp(rows, arith.ConstantOp(ir.IndexType.get(), M0).result).result
+        else:
+            rows = x_type.shape[0]
+            tiles = -(-rows // M0)
+        lhs = tensor.EmptyOp([tiles, k // K0, M0, K0], element).result
+        lhs = linalg.PackOp(lhs.type, x, lhs, [0, 1], [], [M0, K0], padding_value=zero).result
+        acc = tensor.EmptyOp([tiles, n // N0, M0, N0], element).result
+        acc = linalg.fill(zero, outs=[acc])
+        acc = linalg.mmt4d(lhs, rhs_packed, outs=[acc])
+        out = tensor.EmptyOp([rows, n], element).result
+        out = linalg.UnPackOp(out.type, acc, out, [0, 1], [], [M0, N0]).result
+    op.results[0].replace_all_uses_with(out)
+    op.erase()
+
+
+def _packable_loads(func) -> dict:
+    """{global symbol: (load op, [matmuls using it as rhs])} in `func`."""
+    result = {}
+    for op in func.regions[0].blocks[0].operations:
+        op = op.operation
+        if op.name != "util.global.load":
+            continue
+        type_ = ir.RankedTensorType(op.results[0].type)
+        if type_.rank != 2 or str(type_.element_type) != "f32" or type_.shape[1] % N0:
+            continue
+        users = [use.owner for use in op.results[0].uses]
+        if users and all(u.name == "linalg.matmul" and u.operands[1] == op.results[0]
+                         and u.operands[0] != op.results[0] and _is_zero_fill(u.operands[2]) for u in users):
+            result[ir.FlatSymbolRefAttr(op.attributes["global"]).value] = (op, users)
+    return result
+
+
+def pack_weights(module, funcs: dict) -> int:
+    """Rewrites @forward's products against global weights; returns how many."""
+    globals_ = {ir.StringAttr(op.attributes["sym_name"]).value: op.operation
+                for op in module.body.operations if op.operation.name == "util.global"}
+    stores = {}
+    if "adapter" in funcs:
+        for op in funcs["adapter"].regions[0].blocks[0].operations:
+            if op.operation.name == "util.global.store":
+                stores[ir.FlatSymbolRefAttr(op.operation.attributes["global"]).value] = op.operation
+    rewritten = 0
+    for symbol, (load, matmuls) in _packable_loads(funcs["forward"]).items():
+        type_ = ir.RankedTensorType(load.results[0].type)
+        k, n = type_.shape
+        packed_type = _packed_rhs_type(k, n, type_.element_type)
+        if "is_mutable" in globals_[symbol].attributes:
+            store = stores.get(symbol)
+            if store is None:
+                continue
+            with ir.InsertionPoint(store), store.location:
+                store.operands[0] = _pack_rhs(store.operands[0], k, n, type_.element_type)
+            globals_[symbol].attributes["type"] = ir.TypeAttr.get(packed_type)
+            load.results[0].set_type(packed_type)
+            rhs = load.results[0]
+        else:
+            with ir.InsertionPoint.after(load), load.location:
+                rhs = _pack_rhs(load.results[0], k, n, type_.element_type)
+        for matmul in matmuls:
+            _rewrite_matmul(matmul, rhs)
+            rewritten += 1
+    return rewritten
