@@ -24,7 +24,7 @@ def compile(model, args=None, *, stages=None, dynamic_shapes=None, target="cpu",
         (weights static, PEFT adapter tensors adapter-time, inputs dynamic).
       dynamic_shapes: passed to torch.export (e.g. {"x": {0: Dim("batch")}}).
       target: "cpu".
-      emit: the last stage to run: torch, bt, split, linalg or vmfb.
+      emit: the last stage to run: torch, bt, split, linalg, iree or vmfb.
       dump_dir: a folder that receives every stage's output.
       merge_lora: let bt-improve merge LoRA factors into weights.
       verbose: print each stage as it finishes (stderr).
