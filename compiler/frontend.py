@@ -19,7 +19,7 @@ from torch_mlir.compiler_utils import OutputType
 from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 from torch_mlir.extras.fx_importer import FxImporter
 
-from stageml.compiler.ir import NAME, set_arg_attr
+from stageml.compiler.ir import NAME, Diagnostics, set_arg_attr
 from stageml.errors import CompileError, ModelLoadError
 
 # Ops kept whole so that bt-improve sees matrix products (`x @ W^T`), not
@@ -95,13 +95,16 @@ def import_program(program: torch.export.ExportedProgram, context: ir.Context) -
         else:
             raise ModelLoadError(f"model input {spec.target!r} of kind {spec.kind.name} is not supported: export a model without it")
 
-    try:
-        module = fx.stateless_fx_import(
-            program.graph_module, output_type=OutputType.TORCH,
-            fx_importer=FxImporter(context=context), model_name="main",
-        )
-    except Exception as e:
-        raise CompileError(f"torch-mlir could not import the model: {str(e).strip().splitlines()[-1]}") from e
+    with Diagnostics(context) as diagnostics:
+        try:
+            module = fx.stateless_fx_import(
+                program.graph_module, output_type=OutputType.TORCH,
+                fx_importer=FxImporter(context=context), model_name="main",
+            )
+        except Exception as e:
+            reason = diagnostics.first_error() if diagnostics.errors else str(e).strip().splitlines()[-1]
+            raise CompileError(f"torch-mlir could not import the model: {reason}; "
+                               "StageML cannot compile that op: rewrite the model without it") from e
     func = module.body.operations[0]
     for index, name in enumerate(arg_names):
         set_arg_attr(func, index, NAME, ir.StringAttr.get(name, context))

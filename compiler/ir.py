@@ -129,3 +129,36 @@ def erase_dead_ops(block: ir.Block) -> int:
             op.erase()
             erased += 1
     return erased
+
+
+class Diagnostics:
+    """Collects a context's error diagnostics instead of printing them.
+
+        with Diagnostics(context) as diags:
+            run_pipeline(...)
+        diags.first_error()  # "failed to legalize operation 'torch.aten.linalg_qr'"
+    """
+
+    def __init__(self, context):
+        self.context, self.errors = context, []
+
+    def _handle(self, diagnostic) -> bool:
+        if diagnostic.severity == ir.DiagnosticSeverity.ERROR:
+            self.errors.append(str(diagnostic.message))
+        return True
+
+    def __enter__(self):
+        self._handler = self.context.attach_diagnostic_handler(self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        self._handler.detach()
+
+    def first_error(self) -> str:
+        """The first error in one line, naming an unknown op by its torch name."""
+        if not self.errors:
+            return "no diagnostic was reported"
+        message = self.errors[0].splitlines()[0]
+        unknown = message.split('name = "', 1)[1].split('"', 1)[0] if 'name = "' in message else None
+        message = message.split(": %", 1)[0]
+        return f"{message} ({unknown})" if unknown else message

@@ -21,7 +21,7 @@ from torch_mlir.compiler_utils import run_pipeline_with_repro_report
 
 from stageml.binding_time import BindingTime
 from stageml.compiler.pack_weights import pack_weights
-from stageml.compiler.ir import NAME, TIME, arg_attrs, parse_time, vtensor_shape
+from stageml.compiler.ir import NAME, TIME, Diagnostics, arg_attrs, parse_time, vtensor_shape
 from stageml.compiler.passes.bt_split import STAGE_FUNCS
 from stageml.errors import CompileError
 
@@ -102,13 +102,14 @@ def to_linalg(split_module: ir.Module) -> str:
         single = ir.Module.create(loc=ir.Location.unknown(split_module.context))
         copy = func.operation.clone(ip=ir.InsertionPoint(single.body))
         _strip_bt(copy)
-        try:
-            run_pipeline_with_repro_report(
-                single, "builtin.module(torch-backend-to-linalg-on-tensors-backend-pipeline)",
-                f"lowering @{stage} to linalg")
-        except Exception as e:
-            lines = [l for l in str(e).splitlines() if "error:" in l] or str(e).splitlines()[-1:]
-            raise CompileError(f"stage @{stage} failed to lower to linalg: {lines[0].split('error:')[-1].strip()}") from e
+        with Diagnostics(single.context) as diagnostics:
+            try:
+                run_pipeline_with_repro_report(
+                    single, "builtin.module(torch-backend-to-linalg-on-tensors-backend-pipeline)",
+                    f"lowering @{stage} to linalg")
+            except Exception as e:
+                raise CompileError(f"stage @{stage} failed to lower to linalg: {diagnostics.first_error()}; "
+                                   "StageML cannot compile that op: rewrite the model without it") from e
         parsed = iree_ir.Module.parse(str(single), lowered.context)
         for op in parsed.body.operations:
             op.operation.clone(ip=iree_ir.InsertionPoint(lowered.body))
@@ -196,8 +197,8 @@ def _globalize(module, sigs: dict) -> str:
     return str(module)
 
 
-_ELEMENT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
-            "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "i8", "bool": "i1"}
+# numpy dtype names → builtin (signless) element types
+_ELEMENT = {numpy: torch.replace("si", "i").replace("ui", "i") for torch, numpy in DTYPES.items()}
 
 
 def _tensor_type(t: Tensor) -> iree_ir.Type:

@@ -35,16 +35,18 @@ def _pack_rhs(value, k, n, element):
     return linalg.PackOp(dest.result.type, value, dest.result, [1, 0], [], [N0, K0], outer_dims_perm=[1, 0]).result
 
 
+def _defining_op(value):
+    owner = value.owner
+    return None if isinstance(owner, ir.Block) else owner.operation
+
+
 def _is_zero_fill(value) -> bool:
-    op = value.owner
-    if not isinstance(op, ir.OpView) and not hasattr(op, "name"):
+    fill = _defining_op(value)
+    if fill is None or fill.name != "linalg.fill":
         return False
-    op = op.operation if hasattr(op, "operation") else op
-    if op.name != "linalg.fill":
-        return False
-    scalar = op.operands[0].owner
-    return (hasattr(scalar, "name") and scalar.name == "arith.constant"
-            and float(ir.FloatAttr(scalar.attributes["value"]).value) == 0.0)
+    scalar = _defining_op(fill.operands[0])
+    return (scalar is not None and scalar.name == "arith.constant"
+            and ir.FloatAttr(scalar.attributes["value"]).value == 0.0)
 
 
 def _rewrite_matmul(op, rhs_packed) -> None:

@@ -112,3 +112,13 @@ def test_manifest_records_versions_and_report(mlp_artifact):
         manifest = json.load(f)
     assert manifest["versions"]["iree-base-compiler"] == "3.13.0"
     assert manifest["report"]["folded_values"] >= 2
+
+
+def test_unsupported_op_names_stage_and_op():
+    class QR(torch.nn.Module):
+        def forward(self, x):
+            return torch.linalg.qr(x)[0]
+
+    with pytest.raises(stageml.StageMLError, match=r"stage @forward failed to lower to linalg: "
+                                                   r"failed to legalize operation 'torch.aten.linalg_qr'"):
+        stageml.compile(QR(), (torch.randn(4, 4),))

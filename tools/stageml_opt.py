@@ -5,6 +5,7 @@
 """
 
 import argparse
+import os
 import sys
 
 from stageml.errors import StageMLError
@@ -30,14 +31,17 @@ def main(argv=None) -> int:
         for name, (_, description) in sorted(PASSES.items()):
             print(f"{name:16} {description}")
         return 0
-    text = sys.stdin.read() if args.input == "-" else open(args.input).read()
+    if args.input != "-" and not os.path.isfile(args.input):
+        print(f"stageml-opt: error: input file {args.input!r} does not exist", file=sys.stderr)
+        return 1
     context = new_context()
     try:
         with context:
             try:
-                module = ir.Module.parse(text)
+                # parseFile keeps the file name in locations (loc("in.mlir":3:8)).
+                module = ir.Module.parse(sys.stdin.read()) if args.input == "-" else ir.Module.parseFile(args.input)
             except ir.MLIRError as e:
-                print(f"stageml-opt: error: {e}", file=sys.stderr)
+                print(f"stageml-opt: error: {' '.join(str(e).split())}", file=sys.stderr)
                 return 1
             names = [n for n in args.passes.split(",") if n]
             options = PassOptions(merge_lora=not args.no_lora_merge)
