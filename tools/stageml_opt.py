@@ -41,7 +41,7 @@ def main(argv=None) -> int:
                 # parseFile keeps the file name in locations (loc("in.mlir":3:8)).
                 module = ir.Module.parse(sys.stdin.read()) if args.input == "-" else ir.Module.parseFile(args.input)
             except ir.MLIRError as e:
-                print(f"stageml-opt: error: {' '.join(str(e).split())}", file=sys.stderr)
+                print(f"stageml-opt: error: {e}", file=sys.stderr)
                 return 1
             names = [n for n in args.passes.split(",") if n]
             options = PassOptions(merge_lora=not args.no_lora_merge)
