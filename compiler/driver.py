@@ -100,7 +100,8 @@ def compile(model, args=None, *, stages=None, dynamic_shapes=None, target="cpu",
     vmfb = lowering.compile_cpu(residual, "residual")
     adapter_args = [a for a in sigs.get("adapter", lowering.Signature("adapter", [], [])).args if a.time == "adapter"]
     art.vmfb = vmfb
-    art.parameters = folded
+    used = [a for sig in sigs.values() if sig.stage != "static" for a in sig.args if a.time == "static"]
+    art.parameters = {**{a.name: imported.weights[a.name].numpy() for a in used if a.name not in folded}, **folded}
     art.default_adapter = {a.name: imported.weights[a.name].numpy() for a in adapter_args}
     art.signatures = sigs
     art.target = target

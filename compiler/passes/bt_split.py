@@ -13,7 +13,9 @@
 
 Arguments of a later stage are, in order: values lifted from static, values
 lifted from adapter, then the model's arguments of that time; each carries
-`bt.name` and `bt.time` (the time it comes from). Constants are cloned into
+`bt.name` and `bt.time` (the time it comes from). A static argument used
+later as it is (an embedding table) is not routed through @static: the
+later stage names the parameter itself. Constants are cloned into
 each stage that uses them. @static and @adapter are left out when they have
 no results.
 """
@@ -53,7 +55,8 @@ def _plan(main) -> dict:
         if op.name == "bt.lift":
             source, to, name = _lift_info(op)
             stages[to].inputs.setdefault(name, (op.result, source))
-            stages[source].outputs.setdefault(name, op.operands[0])
+            if source != BindingTime.STATIC or not isinstance(op.operands[0].owner, ir.Block):
+                stages[source].outputs.setdefault(name, op.operands[0])
         elif op.name != "func.return" and TIME in op.attributes:
             stages[parse_time(op.attributes[TIME])].ops.append(op)
     for stage in stages.values():  # lifted values first (static, adapter), then arguments
