@@ -15,7 +15,7 @@ import json
 import numpy as np
 from iree import compiler as iree_compiler
 from iree.compiler import ir as iree_ir
-from iree.compiler.dialects import util
+from iree.compiler.dialects import func as func_d, util
 from torch_mlir import ir
 from torch_mlir.compiler_utils import run_pipeline_with_repro_report
 
@@ -140,13 +140,13 @@ def static_module(linalg: str) -> str:
     return str(module)
 
 
-def _replace_args_with_globals(func, names: list, globals_: dict) -> None:
+def _replace_args_with_globals(func, names: list, globals_: set) -> None:
     """Loads each named argument from its global instead; erases the argument."""
     block = func.regions[0].blocks[0]
     with iree_ir.InsertionPoint.at_block_begin(block), func.location:
         for index in reversed([i for i, n in enumerate(names) if n in globals_]):
             arg = block.arguments[index]
-            load = util.GlobalLoadOp(arg.type, globals_[names[index]])
+            load = util.GlobalLoadOp(arg.type, names[index])
             arg.replace_all_uses_with(load.result)
             block.erase_argument(index)
     fn_type = iree_ir.FunctionType(iree_ir.TypeAttr(func.attributes["function_type"]).value)
@@ -164,7 +164,7 @@ def _globalize(module, sigs: dict) -> str:
     funcs = _funcs(module)
     if "static" in funcs:
         funcs.pop("static").erase()
-    globals_ = {}
+    globals_ = set()  # symbol = the value's name
     with iree_ir.InsertionPoint.at_block_begin(module.body), module.operation.location:
         for stage in ("adapter", "forward"):
             for arg in sigs[stage].args if stage in sigs else []:
@@ -177,7 +177,7 @@ def _globalize(module, sigs: dict) -> str:
                     util.GlobalOp(arg.name, type_, sym_visibility="private", initial_value=initial)
                 else:
                     util.GlobalOp(arg.name, type_, sym_visibility="private", is_mutable=True)
-                globals_[arg.name] = arg.name
+                globals_.add(arg.name)
     forward = funcs["forward"]
     _replace_args_with_globals(forward, [a.name for a in sigs["forward"].args], globals_)
     if "adapter" in funcs:
@@ -188,7 +188,7 @@ def _globalize(module, sigs: dict) -> str:
         with iree_ir.InsertionPoint(ret), ret.location:
             for value, result in zip(ret.operands, sigs["adapter"].results):
                 util.GlobalStoreOp(value, result.name)
-            iree_ir.Operation.create("func.return")
+            func_d.ReturnOp([])
         ret.erase()
         fn_type = iree_ir.FunctionType(iree_ir.TypeAttr(adapter.attributes["function_type"]).value)
         adapter.attributes["function_type"] = iree_ir.TypeAttr.get(iree_ir.FunctionType.get(fn_type.inputs, []))
