@@ -1,0 +1,88 @@
+"""The adapter cost policy: which adapters to serve merged, which factorized.
+
+Per LoRA site (a linear layer `in -> out` with rank r), for fp32 weights:
+
+    form        bytes held per adapter      extra request-time work per token
+    merged      out*in*4 (its own W + sBA)  none (one GEMM, as the base model)
+    factorized  r*(in+out)*4                2*r*(in+out) FLOPs, r*(in+out)*4 bytes read
+
+Merging an adapter therefore buys `requests * extra FLOPs` for
+`merged - factorized` bytes. Under a memory budget the choice is a 0/1
+knapsack; `plan` solves it exactly with a Pareto-frontier dynamic program
+(a ratio-greedy rule is suboptimal, see tests/test_policy.py).
+"""
+
+import dataclasses
+
+from stageml.errors import StageMLError
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSite:
+    """One adapted linear layer."""
+
+    in_features: int
+    out_features: int
+    element_bytes: int = 4
+
+
+@dataclasses.dataclass
+class AdapterProfile:
+    """What the policy knows of one adapter: its shapes and its traffic."""
+
+    name: str
+    rank: int
+    sites: tuple
+    requests: int = 0  # tokens served recently
+
+    @property
+    def merged_bytes(self) -> int:
+        return sum(s.in_features * s.out_features * s.element_bytes for s in self.sites)
+
+    @property
+    def factorized_bytes(self) -> int:
+        return sum(self.rank * (s.in_features + s.out_features) * s.element_bytes for s in self.sites)
+
+    @property
+    def factorized_flops_per_token(self) -> int:
+        return sum(2 * self.rank * (s.in_features + s.out_features) for s in self.sites)
+
+    @property
+    def factorized_bytes_per_call(self) -> int:
+        """Factor bytes a factorized call reads in addition to the base weights."""
+        return self.factorized_bytes
+
+
+@dataclasses.dataclass
+class Plan:
+    forms: dict            # adapter name -> "merged" | "factorized"
+    bytes_held: int
+    flops_saved: int       # request-time FLOPs the merged adapters avoid
+
+
+def plan(adapters: list, budget_bytes: int) -> Plan:
+    """The merged/factorized choice that saves the most request-time FLOPs
+    while the bytes held stay within `budget_bytes` (exact)."""
+    floor = sum(a.factorized_bytes for a in adapters)
+    if floor > budget_bytes:
+        raise StageMLError(f"the adapter memory budget of {budget_bytes} bytes cannot hold even the factorized "
+                           f"adapters ({floor} bytes): raise adapter_memory_budget or load fewer adapters")
+    capacity = budget_bytes - floor
+    # frontier: extra bytes -> (flops saved, merged names); only non-dominated states are kept
+    frontier = {0: (0, frozenset())}
+    for adapter in adapters:
+        cost = adapter.merged_bytes - adapter.factorized_bytes
+        gain = adapter.requests * adapter.factorized_flops_per_token
+        if gain <= 0 or cost > capacity:
+            continue
+        grown = dict(frontier)
+        for used, (saved, names) in frontier.items():
+            if used + cost <= capacity and grown.get(used + cost, (-1,))[0] < saved + gain:
+                grown[used + cost] = (saved + gain, names | {adapter.name})
+        frontier, best = {}, -1
+        for used in sorted(grown):  # drop states that use more bytes for no more savings
+            if grown[used][0] > best:
+                frontier[used], best = grown[used], grown[used][0]
+    used, (saved, merged) = max(frontier.items(), key=lambda kv: (kv[1][0], -kv[0]))
+    forms = {a.name: "merged" if a.name in merged else "factorized" for a in adapters}
+    return Plan(forms, floor + used, saved)
