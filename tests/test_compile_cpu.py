@@ -77,3 +77,27 @@ def test_emit_and_dump_stages(tmp_path):
     assert art.vmfb is None and set(art.mlir) == {"torch", "bt", "split"}
     assert "func.func @static" in art.mlir["split"] and "func.func @forward" in art.mlir["split"]
     assert {p.name for p in tmp_path.iterdir()} == {"model.torch.mlir", "model.bt.mlir", "model.split.mlir"}
+
+
+class _LayoutHeavy(torch.nn.Module):
+    """Weight layout work before use: cast, reshape and transpose of weights."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(4, 8, 32).half())
+        self.bias = torch.nn.Parameter(torch.randn(32))
+
+    def forward(self, x):
+        w = self.weight.float().reshape(32, 32).transpose(0, 1)
+        return x @ w + self.bias
+
+
+def test_weight_layout_work_is_hoisted_to_static(tmp_path):
+    model = _LayoutHeavy().eval()
+    art = stageml.compile(model, (torch.randn(3, 32),), dynamic_shapes=({0: Dim("b", max=64)},))
+    static, forward = art.mlir["split"].split("func.func @forward")
+    for layout_op in ("torch.aten.to.dtype", "torch.aten.view", "torch.aten.permute"):
+        assert layout_op in static and layout_op not in forward, layout_op
+    mod = art.load(str(tmp_path / "layout.vmfb"))
+    x = torch.randn(5, 32)
+    assert rel_err(mod(x), model(x)) <= 1e-5
