@@ -4,6 +4,11 @@
     art.save("out/residual.vmfb")
     mod = stageml.load("out/residual.vmfb")   # adapter stage runs once here
     y = mod(x)                                # the residual, per request
+
+    art = stageml.compile(peft_model, (x,), max_adapters=64, max_rank=16)
+    mod = art.load("out/tenants.vmfb")        # multi-tenant
+    mod.load_adapter("tenant-a", "adapters/a")
+    ys = mod.run_batch(xs, adapters=["tenant-a", None])
 """
 
 from stageml.binding_time import BindingTime
@@ -12,7 +17,7 @@ from stageml.runtime import ResidualModule, load
 
 
 def compile(model, args=None, *, stages=None, dynamic_shapes=None, target="cpu", emit="vmfb",
-            dump_dir=None, merge_lora=True, verbose=False):
+            dump_dir=None, merge_lora=True, max_adapters=None, max_rank=16, verbose=False):
     """Compiles a PyTorch model into a staged residual.
 
     Args:
@@ -27,6 +32,9 @@ def compile(model, args=None, *, stages=None, dynamic_shapes=None, target="cpu",
       emit: the last stage to run: torch, bt, split, linalg, iree or vmfb.
       dump_dir: a folder that receives every stage's output.
       merge_lora: let bt-improve merge LoRA factors into weights.
+      max_adapters: compile for multi-tenant serving with this many adapter
+        slots (`mod.load_adapter`, `mod.run_batch`); needs a PEFT LoRA model.
+      max_rank: with max_adapters, the highest LoRA rank an adapter may have.
       verbose: print each stage as it finishes (stderr).
 
     Returns:
@@ -34,7 +42,8 @@ def compile(model, args=None, *, stages=None, dynamic_shapes=None, target="cpu",
     """
     from stageml.compiler.driver import compile as _compile
     return _compile(model, args, stages=stages, dynamic_shapes=dynamic_shapes, target=target,
-                    emit=emit, dump_dir=dump_dir, merge_lora=merge_lora, verbose=verbose)
+                    emit=emit, dump_dir=dump_dir, merge_lora=merge_lora, max_adapters=max_adapters,
+                    max_rank=max_rank, verbose=verbose)
 
 
 __all__ = ["BindingTime", "StageMLError", "ResidualModule", "compile", "load"]

@@ -28,3 +28,7 @@ class InputError(StageMLError):
 
 class ArtifactError(StageMLError):
     """A compiled artifact (.vmfb, .irpa, manifest) is missing or corrupt."""
+
+
+class AdapterError(StageMLError):
+    """An adapter cannot be loaded or served (bad tensors, unknown name, no room)."""

@@ -2,14 +2,15 @@
 
 Per LoRA site (a linear layer `in -> out` with rank r), for fp32 weights:
 
-    form        bytes held per adapter      extra request-time work per token
-    merged      out*in*4 (its own W + sBA)  none (one GEMM, as the base model)
-    factorized  r*(in+out)*4                2*r*(in+out) FLOPs, r*(in+out)*4 bytes read
+    form        bytes held per adapter           extra request-time work per token
+    factorized  r*(in+out)*4 (its factors)       2*r*(in+out) FLOPs, r*(in+out)*4 bytes read
+    merged      out*in*4 more (its W + sBA)      none (one GEMM, as the base model)
 
-Merging an adapter therefore buys `requests * extra FLOPs` for
-`merged - factorized` bytes. Under a memory budget the choice is a 0/1
-knapsack; `plan` solves it exactly with a Pareto-frontier dynamic program
-(a ratio-greedy rule is suboptimal, see tests/test_policy.py).
+A merged adapter keeps its factors, so that its rows can still join mixed
+batches. Merging therefore buys `requests * extra FLOPs` for `merged_bytes`.
+Under a memory budget the choice is a 0/1 knapsack; `plan` solves it exactly
+with a Pareto-frontier dynamic program (a ratio-greedy rule is suboptimal,
+see tests/test_policy.py).
 """
 
 import dataclasses
@@ -47,11 +48,6 @@ class AdapterProfile:
     def factorized_flops_per_token(self) -> int:
         return sum(2 * self.rank * (s.in_features + s.out_features) for s in self.sites)
 
-    @property
-    def factorized_bytes_per_call(self) -> int:
-        """Factor bytes a factorized call reads in addition to the base weights."""
-        return self.factorized_bytes
-
 
 @dataclasses.dataclass
 class Plan:
@@ -71,7 +67,7 @@ def plan(adapters: list, budget_bytes: int) -> Plan:
     # frontier: extra bytes -> (flops saved, merged names); only non-dominated states are kept
     frontier = {0: (0, frozenset())}
     for adapter in adapters:
-        cost = adapter.merged_bytes - adapter.factorized_bytes
+        cost = adapter.merged_bytes
         gain = adapter.requests * adapter.factorized_flops_per_token
         if gain <= 0 or cost > capacity:
             continue

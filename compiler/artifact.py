@@ -8,8 +8,8 @@ import numpy as np
 from iree import runtime as iree_rt
 
 from stageml.compiler.lowering import PARAMETER_SCOPE
+from stageml.runtime.module import FORMAT
 
-FORMAT = "stageml-residual/1"
 DEFAULT_ADAPTER = "default_adapter/"
 
 
@@ -27,6 +27,7 @@ class Artifact:
       vmfb: the residual module (bytes); None when compilation stopped early.
       parameters: {name: ndarray} folded by partial evaluation.
       default_adapter: {name: ndarray} the adapter weights the model came with.
+      tenants: for a multi-tenant compile, {"max_adapters", "max_rank", "sites"}.
     """
 
     def __init__(self):
@@ -36,22 +37,35 @@ class Artifact:
         self.parameters = {}
         self.default_adapter = {}
         self.signatures = {}
+        self.tenants = None
         self.target = "cpu"
 
     def manifest(self, stem: str) -> dict:
-        forward = self.signatures["forward"]
-        entry_points = {"forward": {
-            "inputs": [a.as_dict() for a in forward.args if a.time == "dynamic"],
-            "outputs": [r.as_dict() for r in forward.results]}}
-        if "adapter" in self.signatures:
-            adapter = self.signatures["adapter"]
-            entry_points["adapter"] = {
-                "inputs": [a.as_dict() for a in adapter.args if a.time == "adapter"],
-                "state": [r.as_dict() for r in adapter.results]}
-        return {"format": FORMAT, "target": self.target, "vmfb": stem + ".vmfb",
-                "parameters": stem + ".irpa", "parameter_scope": PARAMETER_SCOPE,
-                "default_adapter_prefix": DEFAULT_ADAPTER, "entry_points": entry_points,
-                "report": self.report.as_dict(), "versions": _versions()}
+        """The .json manifest. Per entry point: `inputs` in call order after
+        `state` (the adapter state @forward takes first, as @adapter returns
+        it); a factorized @adapter also takes the slot last, and its state
+        lives in `tables`."""
+        entry_points = {}
+        for name, sig in self.signatures.items():
+            if name.startswith("static"):
+                continue
+            time = "dynamic" if name.startswith("forward") else "adapter"
+            entry = {"inputs": [a.as_dict() for a in sig.args if a.time == time]}
+            if name.startswith("forward"):
+                entry["state"] = [a.name for a in sig.args if a.time == "adapter" and not a.table]
+                entry["outputs"] = [r.as_dict() for r in sig.results]
+            elif name.endswith("_factorized"):
+                entry["tables"] = [r.as_dict() for r in sig.results]
+            else:
+                entry["state"] = [r.as_dict() for r in sig.results]
+            entry_points[name] = entry
+        manifest = {"format": FORMAT, "target": self.target, "vmfb": stem + ".vmfb",
+                    "parameters": stem + ".irpa", "parameter_scope": PARAMETER_SCOPE,
+                    "default_adapter_prefix": DEFAULT_ADAPTER, "entry_points": entry_points,
+                    "report": self.report.as_dict(), "versions": _versions()}
+        if self.tenants is not None:
+            manifest["tenants"] = self.tenants
+        return manifest
 
     def save(self, path: str) -> str:
         """Writes PATH (.vmfb), and .irpa and .json beside it; returns PATH."""
@@ -72,7 +86,7 @@ class Artifact:
             json.dump(self.manifest(stem), f, indent=1)
         return os.path.join(directory, stem + ".vmfb")
 
-    def load(self, path: str, device: str = "local-task"):
+    def load(self, path: str, device: str = "local-task", **serving):
         """Saves to PATH and loads the result (`stageml.load`)."""
         from stageml.runtime import load
-        return load(self.save(path), device=device)
+        return load(self.save(path), device=device, **serving)

@@ -13,6 +13,7 @@ from stageml.dialects import load_bt_dialect
 
 TIME = "bt.time"
 NAME = "bt.name"
+TABLE = "bt.table"  # a @forward argument holding one entry per adapter slot
 
 
 def new_context() -> ir.Context:
@@ -35,7 +36,7 @@ def parse_time(attr: ir.Attribute) -> BindingTime:
 # -- function arguments -------------------------------------------------------
 
 def arg_attrs(func: ir.Operation, index: int) -> dict:
-    if "arg_attrs" not in func.attributes:
+    if "arg_attrs" not in func.attributes or index >= len(ir.ArrayAttr(func.attributes["arg_attrs"])):
         return {}
     entry = ir.DictAttr(ir.ArrayAttr(func.attributes["arg_attrs"])[index])
     return {named.name: named.attr for named in entry}
@@ -48,6 +49,13 @@ def set_arg_attr(func: ir.Operation, index: int, key: str, value: ir.Attribute) 
     context = func.context
     func.attributes["arg_attrs"] = ir.ArrayAttr.get(
         [ir.DictAttr.get(e, context=context) for e in entries], context=context)
+
+
+def update_function_type(func: ir.Operation) -> None:
+    """Sets `func`'s input types to its entry block's argument types."""
+    fn_type = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+    inputs = [a.type for a in func.regions[0].blocks[0].arguments]
+    func.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(inputs, fn_type.results))
 
 
 def arg_name(func: ir.Operation, index: int) -> str:
@@ -104,6 +112,15 @@ def vtensor_shape(type_: ir.Type) -> tuple[list, str]:
     dims_text, dtype = text[len("!torch.vtensor<["):-1].split("],")
     dims = [None if d == "?" else int(d) for d in dims_text.split(",")] if dims_text else []
     return dims, dtype
+
+
+def const_int(value: int, annotate: bool = False) -> ir.Value:
+    """A `torch.constant.int` at the current insertion point; `annotate`
+    marks it static (in IR that bt-propagate has already annotated)."""
+    op = torch_d.ConstantIntOp(ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value))
+    if annotate:
+        set_op_time(op.operation, BindingTime.STATIC)
+    return op.result
 
 
 def users(value: ir.Value) -> list:

@@ -3,10 +3,15 @@
     split IR (torch dialect, @static/@adapter/@forward)
       → torch-mlir's backend pipeline, one stage at a time → linalg on tensors
       → IREE input: for the residual, every lifted static value becomes an
-        `util.global = #flow.parameter.named<"model"::NAME>` and every
-        adapter-time value a mutable global that @adapter stores and @forward
-        loads; products against them use packed weights (pack_weights.py)
+        `util.global = #flow.parameter.named<"model"::NAME>`; @adapter returns
+        the adapter state, which the caller keeps and passes to @forward;
+        products against weights use packed layouts (pack_weights.py)
       → iree.compiler for the target
+
+A multi-tenant artifact holds a second program, suffixed `_factorized`:
+its adapter state lives in per-slot tables (mutable globals with one entry
+per adapter slot, slot 0 all zeros for the base model) that
+@adapter_factorized(slot, ...) writes and @forward_factorized gathers.
 """
 
 import dataclasses
@@ -15,13 +20,13 @@ import json
 import numpy as np
 from iree import compiler as iree_compiler
 from iree.compiler import ir as iree_ir
-from iree.compiler.dialects import func as func_d, util
+from iree.compiler.dialects import arith, func as func_d, tensor, util
 from torch_mlir import ir
 from torch_mlir.compiler_utils import run_pipeline_with_repro_report
 
 from stageml.binding_time import BindingTime
 from stageml.compiler.pack_weights import pack_weights
-from stageml.compiler.ir import NAME, TIME, Diagnostics, arg_attrs, parse_time, vtensor_shape
+from stageml.compiler.ir import NAME, TABLE, TIME, Diagnostics, arg_attrs, parse_time, vtensor_shape
 from stageml.compiler.passes.bt_split import STAGE_FUNCS
 from stageml.errors import CompileError
 
@@ -44,6 +49,7 @@ class Tensor:
     shape: list          # None for a dynamic dim
     dtype: str           # numpy dtype name
     time: str = "dynamic"  # the binding time the value comes from
+    table: bool = False    # one entry per adapter slot (a factorized program's state)
 
     def as_dict(self):
         return dataclasses.asdict(self)
@@ -58,11 +64,16 @@ class Signature:
     results: list
 
 
-def _tensor(name, type_, time) -> Tensor:
+def _tensor(name, type_, time, table=False) -> Tensor:
     shape, dtype = vtensor_shape(type_)
     if dtype not in DTYPES:
         raise CompileError(f"tensor {name!r} has element type {dtype}, which StageML does not support: cast it to float32")
-    return Tensor(name, shape, DTYPES[dtype], time.label)
+    return Tensor(name, shape, DTYPES[dtype], time.label, table)
+
+
+def stage_time(function: str) -> BindingTime:
+    """The stage a function belongs to: @adapter and @adapter_factorized are adapter-time."""
+    return next(t for t, n in STAGE_FUNCS.items() if function.split("_")[0] == n)
 
 
 def signatures(split_module: ir.Module) -> dict:
@@ -75,12 +86,12 @@ def signatures(split_module: ir.Module) -> dict:
         args = []
         for index, type_ in enumerate(fn_type.inputs):
             attrs = arg_attrs(func, index)
-            args.append(_tensor(ir.StringAttr(attrs[NAME]).value, type_, parse_time(attrs[TIME])))
+            args.append(_tensor(ir.StringAttr(attrs[NAME]).value, type_, parse_time(attrs[TIME]), TABLE in attrs))
         res_names = [f"output.{i}" for i in range(len(fn_type.results))]
         if "res_attrs" in func.attributes:
             res_names = [ir.StringAttr(ir.DictAttr(d)[NAME]).value for d in ir.ArrayAttr(func.attributes["res_attrs"])]
-        time = next(t for t, n in STAGE_FUNCS.items() if n == stage)
-        result[stage] = Signature(stage, args, [_tensor(n, t, time) for n, t in zip(res_names, fn_type.results)])
+        result[stage] = Signature(stage, args, [_tensor(n, t, stage_time(stage))
+                                                for n, t in zip(res_names, fn_type.results)])
     return result
 
 
@@ -94,12 +105,12 @@ def _strip_bt(func) -> None:
             del func.attributes[key]
 
 
-def to_linalg(split_module: ir.Module) -> str:
+def to_linalg(*split_modules: ir.Module) -> str:
     """Lowers each stage function with torch-mlir; returns one linalg module's text."""
     lowered = iree_ir.Module.create(loc=iree_ir.Location.unknown(_iree_context()))
-    for func in split_module.body.operations:
+    for func in [f for m in split_modules for f in m.body.operations]:
         stage = ir.StringAttr(func.attributes["sym_name"]).value
-        single = ir.Module.create(loc=ir.Location.unknown(split_module.context))
+        single = ir.Module.create(loc=ir.Location.unknown(func.context))
         copy = func.operation.clone(ip=ir.InsertionPoint(single.body))
         _strip_bt(copy)
         with Diagnostics(single.context) as diagnostics:
@@ -131,79 +142,129 @@ def _funcs(module) -> dict:
             for op in module.body.operations if op.operation.name == "func.func"}
 
 
-def static_module(linalg: str) -> str:
-    """The @static function alone, for partial evaluation."""
+def static_module(linalg: str, function: str = "static") -> str:
+    """One @static function alone, for partial evaluation."""
     module = iree_ir.Module.parse(linalg, _iree_context())
     for name, func in _funcs(module).items():
-        if name != "static":
+        if name != function:
             func.erase()
     return str(module)
 
 
-def _replace_args_with_globals(func, names: list, globals_: set) -> None:
-    """Loads each named argument from its global instead; erases the argument."""
+def _replace_args_with_globals(func, names: list, globals_: dict) -> None:
+    """Loads each argument named in `globals_` ({name: type}) from its global
+    instead (cast to the argument's type); erases the argument."""
     block = func.regions[0].blocks[0]
     with iree_ir.InsertionPoint.at_block_begin(block), func.location:
         for index in reversed([i for i, n in enumerate(names) if n in globals_]):
             arg = block.arguments[index]
-            load = util.GlobalLoadOp(arg.type, names[index])
-            arg.replace_all_uses_with(load.result)
+            value = util.GlobalLoadOp(globals_[names[index]], names[index]).result
+            if value.type != arg.type:
+                value = tensor.CastOp(arg.type, value).result
+            arg.replace_all_uses_with(value)
             block.erase_argument(index)
-    fn_type = iree_ir.FunctionType(iree_ir.TypeAttr(func.attributes["function_type"]).value)
-    inputs = [a.type for a in block.arguments]
-    func.attributes["function_type"] = iree_ir.TypeAttr.get(iree_ir.FunctionType.get(inputs, fn_type.results))
+    _retype(func)
 
 
-def residual_module(linalg: str, sigs: dict) -> str:
-    """@adapter and @forward reading lifted values from globals (IREE input)."""
+def _retype(func) -> None:
+    """Sets `func`'s type to its arguments' and returned values' types."""
+    block = func.regions[0].blocks[0]
+    results = [v.type for v in list(block.operations)[-1].operands]
+    func.attributes["function_type"] = iree_ir.TypeAttr.get(
+        iree_ir.FunctionType.get([a.type for a in block.arguments], results))
+
+
+def residual_module(linalg: str, sigs: dict, slots: int = 0) -> str:
+    """The residual as IREE input: the adapter and forward functions of each
+    program, reading static values from parameter globals; a factorized
+    program's state in tables of `slots` + 1 entries."""
     with _iree_context():
-        return _globalize(iree_ir.Module.parse(linalg), sigs)
+        module = iree_ir.Module.parse(linalg)
+        funcs = _funcs(module)
+        for name in [n for n in funcs if stage_time(n) == BindingTime.STATIC]:
+            funcs.pop(name).erase()
+        parameters = {}  # symbol (the value's name) -> type
+        for suffix in ("", "_factorized"):
+            if "forward" + suffix not in funcs:
+                continue
+            forward, adapter = funcs["forward" + suffix], funcs.get("adapter" + suffix)
+            fsig, asig = sigs["forward" + suffix], sigs.get("adapter" + suffix)
+            with module.operation.location:
+                for func, sig in ((forward, fsig), (adapter, asig)):
+                    if func is not None:
+                        _use_parameters(module, func, sig, parameters)
+                if suffix:
+                    _use_tables(module, forward, adapter, fsig, asig, slots)
+                state = {} if suffix or asig is None else {
+                    i: [r.name for r in asig.results].index(a.name)
+                    for i, a in enumerate(a for a in fsig.args if a.time != "static") if a.time == "adapter"}
+                pack_weights(forward, adapter, state)
+                for func in (forward, adapter):
+                    if func is not None:
+                        _retype(func)
+        return str(module)
 
 
-def _globalize(module, sigs: dict) -> str:
-    funcs = _funcs(module)
-    if "static" in funcs:
-        funcs.pop("static").erase()
-    globals_ = set()  # symbol = the value's name
-    with iree_ir.InsertionPoint.at_block_begin(module.body), module.operation.location:
-        for stage in ("adapter", "forward"):
-            for arg in sigs[stage].args if stage in sigs else []:
-                if arg.time == "dynamic" or (stage == "adapter" and arg.time == "adapter") or arg.name in globals_:
-                    continue
+def _use_parameters(module, func, sig, parameters: dict) -> None:
+    """Static arguments of `func` → globals initialized from the parameter archive."""
+    with iree_ir.InsertionPoint.at_block_begin(module.body):
+        for arg in sig.args:
+            if arg.time == "static" and arg.name not in parameters:
                 type_ = _tensor_type(arg)
-                if arg.time == "static":
-                    initial = iree_ir.Attribute.parse(
-                        f"#flow.parameter.named<{json.dumps(PARAMETER_SCOPE)}::{json.dumps(arg.name)}> : {type_}")
-                    util.GlobalOp(arg.name, type_, sym_visibility="private", initial_value=initial)
-                else:
-                    util.GlobalOp(arg.name, type_, sym_visibility="private", is_mutable=True)
-                globals_.add(arg.name)
-    forward = funcs["forward"]
-    _replace_args_with_globals(forward, [a.name for a in sigs["forward"].args], globals_)
-    if "adapter" in funcs:
-        adapter = funcs["adapter"]
-        _replace_args_with_globals(adapter, [a.name for a in sigs["adapter"].args], globals_)
-        block = adapter.regions[0].blocks[0]
-        ret = list(block.operations)[-1]
-        with iree_ir.InsertionPoint(ret), ret.location:
-            for value, result in zip(ret.operands, sigs["adapter"].results):
-                util.GlobalStoreOp(value, result.name)
-            func_d.ReturnOp([])
-        ret.erase()
-        fn_type = iree_ir.FunctionType(iree_ir.TypeAttr(adapter.attributes["function_type"]).value)
-        adapter.attributes["function_type"] = iree_ir.TypeAttr.get(iree_ir.FunctionType.get(fn_type.inputs, []))
-    with module.operation.location:
-        pack_weights(module, funcs)
-    return str(module)
+                initial = iree_ir.Attribute.parse(
+                    f"#flow.parameter.named<{json.dumps(PARAMETER_SCOPE)}::{json.dumps(arg.name)}> : {type_}")
+                util.GlobalOp(arg.name, type_, sym_visibility="private", initial_value=initial)
+                parameters[arg.name] = type_
+    static = {a.name: parameters[a.name] for a in sig.args if a.time == "static"}
+    _replace_args_with_globals(func, [a.name for a in sig.args], static)
+
+
+def _use_tables(module, forward, adapter, fsig, asig, slots: int) -> None:
+    """Per-slot state: @adapter_factorized(..., slot) writes entry `slot` of
+    each table; @forward_factorized reads the tables.
+
+        func @adapter_factorized(%a, ...) -> (%m)
+      → func @adapter_factorized(%a, ..., %slot : i64) {
+          %t = util.global.load @adapter.0 ; %u = tensor.insert_slice %m into %t[%slot, 0, 0]
+          util.global.store %u, @adapter.0 }
+    """
+    tables = {}
+    with iree_ir.InsertionPoint.at_block_begin(module.body):
+        for arg in fsig.args:
+            if arg.table:
+                type_ = _tensor_type(arg, leading=slots + 1)
+                zero = iree_ir.DenseElementsAttr.get_splat(type_, iree_ir.FloatAttr.get(type_.element_type, 0.0))
+                util.GlobalOp(arg.name, type_, sym_visibility="private", is_mutable=True, initial_value=zero)
+                tables[arg.name] = type_
+    _replace_args_with_globals(forward, [a.name for a in fsig.args if a.time != "static"], tables)
+    block = adapter.regions[0].blocks[0]
+    slot = block.add_argument(iree_ir.IntegerType.get_signless(64), adapter.location)
+    ret = list(block.operations)[-1]
+    with iree_ir.InsertionPoint(ret), ret.location:
+        index = arith.IndexCastOp(iree_ir.IndexType.get(), slot).result
+        for value, result in zip(ret.operands, asig.results):
+            type_ = tables[result.name]
+            table = util.GlobalLoadOp(type_, result.name).result
+            dynamic = iree_ir.ShapedType.get_dynamic_size()
+            updated = tensor.InsertSliceOp(value, table, [index], [], [], [dynamic] + [0] * (type_.rank - 1),
+                                           [1] + type_.shape[1:], [1] * type_.rank).result
+            util.GlobalStoreOp(updated, result.name)
+        func_d.ReturnOp([])
+    ret.erase()
+    _retype(adapter)
 
 
 # numpy dtype names → builtin (signless) element types
 _ELEMENT = {numpy: torch.replace("si", "i").replace("ui", "i") for torch, numpy in DTYPES.items()}
 
 
-def _tensor_type(t: Tensor) -> iree_ir.Type:
+def _tensor_type(t: Tensor, leading: int | None = None) -> iree_ir.Type:
+    """`t`'s tensor type; `leading` replaces a table's leading (slot) dimension."""
     element = iree_ir.Type.parse(_ELEMENT[t.dtype])
-    return iree_ir.RankedTensorType.get([iree_ir.ShapedType.get_dynamic_size() if d is None else d for d in t.shape], element)
+    shape = [iree_ir.ShapedType.get_dynamic_size() if d is None else d for d in t.shape]
+    if leading is not None:
+        shape[0] = leading
+    return iree_ir.RankedTensorType.get(shape, element)
 
 
 def compile_cpu(text: str, stage: str, flags=None) -> bytes:

@@ -2,19 +2,18 @@
 products against global weights use a pre-packed (mmt4d) layout.
 
 IREE hoists layout work on immutable globals to load time, but not on the
-mutable per-adapter globals @adapter writes: with its data tiling, a merged
-LoRA weight would be re-packed inside every request. This rewrite makes the
-layout explicit on the IREE input module (linalg on tensors):
+adapter state @forward receives as an argument: with its data tiling, a
+merged LoRA weight would be re-packed inside every request. This rewrite
+makes the layout explicit on the IREE input module (linalg on tensors):
 
-    %w = util.global.load @g : tensor<KxNxf32>
+    func @forward(%w : tensor<KxNxf32>, %x)             // %w from @adapter
     %y = linalg.matmul ins(%x, %w : tensor<?xKxf32>, tensor<KxNxf32>) outs(%zero)
-  → %w = util.global.load @g : tensor<N/16xKx16x1xf32>   // @g adapter-time:
-                                                          // @adapter stores it packed
+  → func @forward(%w : tensor<N/16xKx16x1xf32>, %x)     // @adapter returns it packed
     %p = linalg.pack %x padding_value(0) inner_tiles = [16, 1] : tensor<?xKx16x1xf32>
     %a = linalg.mmt4d ins(%p, %w) outs(zero : tensor<?xN/16x16x16xf32>)
     %y = linalg.unpack %a inner_tiles = [16, 16] : tensor<?xNxf32>
 
-For an immutable (static) global the pack stays on the load in @forward,
+For an immutable (static) global the pack stays on its load in @forward,
 where IREE's const-expr hoisting moves it to load time. The tile (16x16x1)
 is the f32 mmt4d tile IREE itself picks on x86 with AVX-512; other element
 types are left to IREE.
@@ -75,49 +74,44 @@ def _rewrite_matmul(op, rhs_packed) -> None:
     op.erase()
 
 
-def _packable_loads(func) -> dict:
-    """{global symbol: (load op, [matmuls using it as rhs])} in `func`."""
-    result = {}
-    for op in func.regions[0].blocks[0].operations:
-        op = op.operation
-        if op.name != "util.global.load":
-            continue
-        type_ = ir.RankedTensorType(op.results[0].type)
-        if type_.rank != 2 or str(type_.element_type) != "f32" or type_.shape[1] % N0:
-            continue
-        users = [use.owner for use in op.results[0].uses]
-        if users and all(u.name == "linalg.matmul" and u.operands[1] == op.results[0]
-                         and u.operands[0] != op.results[0] and _is_zero_fill(u.operands[2]) for u in users):
-            result[ir.FlatSymbolRefAttr(op.attributes["global"]).value] = (op, users)
-    return result
+def _packable_products(value) -> list:
+    """The matmuls using `value` (an f32 [K, N] weight) as their right-hand side, or []."""
+    type_ = ir.RankedTensorType(value.type)
+    if type_.rank != 2 or str(type_.element_type) != "f32" or type_.shape[1] % N0:
+        return []
+    users = [use.owner for use in value.uses]
+    if users and all(u.name == "linalg.matmul" and u.operands[1] == value and u.operands[0] != value
+                     and _is_zero_fill(u.operands[2]) for u in users):
+        return users
+    return []
 
 
-def pack_weights(module, funcs: dict) -> int:
-    """Rewrites @forward's products against global weights; returns how many."""
-    globals_ = {ir.StringAttr(op.attributes["sym_name"]).value: op.operation
-                for op in module.body.operations if op.operation.name == "util.global"}
-    stores = {}
-    if "adapter" in funcs:
-        for op in funcs["adapter"].regions[0].blocks[0].operations:
-            if op.operation.name == "util.global.store":
-                stores[ir.FlatSymbolRefAttr(op.operation.attributes["global"]).value] = op.operation
+def pack_weights(forward, adapter=None, state=None) -> int:
+    """Rewrites `forward`'s products against global weights and against the
+    adapter state it receives (`state`: {forward argument index: @adapter
+    result index}); returns how many. Function types are left to the caller."""
     rewritten = 0
-    for symbol, (load, matmuls) in _packable_loads(funcs["forward"]).items():
-        type_ = ir.RankedTensorType(load.results[0].type)
+    weights = [op.operation.results[0] for op in forward.regions[0].blocks[0].operations
+               if op.operation.name == "util.global.load"]
+    arguments = forward.regions[0].blocks[0].arguments
+    weights += [arguments[i] for i in (state or {})]
+    ret = list(adapter.regions[0].blocks[0].operations)[-1] if adapter is not None else None
+    for weight in weights:
+        matmuls = _packable_products(weight)
+        if not matmuls:
+            continue
+        type_ = ir.RankedTensorType(weight.type)
         k, n = type_.shape
-        packed_type = _packed_rhs_type(k, n, type_.element_type)
-        if "is_mutable" in globals_[symbol].attributes:
-            store = stores.get(symbol)
-            if store is None:
-                continue
-            with ir.InsertionPoint(store), store.location:
-                store.operands[0] = _pack_rhs(store.operands[0], k, n, type_.element_type)
-            globals_[symbol].attributes["type"] = ir.TypeAttr.get(packed_type)
-            load.results[0].set_type(packed_type)
-            rhs = load.results[0]
+        if isinstance(weight.owner, ir.Block):  # adapter state: @adapter returns it packed
+            result = state[ir.BlockArgument(weight).arg_number]
+            with ir.InsertionPoint(ret), ret.location:
+                ret.operands[result] = _pack_rhs(ret.operands[result], k, n, type_.element_type)
+            weight.set_type(_packed_rhs_type(k, n, type_.element_type))
+            rhs = weight
         else:
+            load = weight.owner
             with ir.InsertionPoint.after(load), load.location:
-                rhs = _pack_rhs(load.results[0], k, n, type_.element_type)
+                rhs = _pack_rhs(weight, k, n, type_.element_type)
         for matmul in matmuls:
             _rewrite_matmul(matmul, rhs)
             rewritten += 1

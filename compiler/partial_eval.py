@@ -11,12 +11,13 @@ from stageml.compiler.lowering import compile_cpu, numpy_dtype, static_module
 
 
 def evaluate_static(linalg: str, signature, weights: dict) -> dict:
-    """{result name: ndarray} of @static, called with the model's weights."""
-    vmfb = compile_cpu(static_module(linalg), "static", flags=["--iree-llvmcpu-target-cpu=host"])
+    """{result name: ndarray} of a @static function, called with the model's weights."""
+    vmfb = compile_cpu(static_module(linalg, signature.stage), signature.stage,
+                       flags=["--iree-llvmcpu-target-cpu=host"])
     module = iree_rt.load_vm_flatbuffer(vmfb, driver="local-task")
     args = [np.ascontiguousarray(weights[a.name].numpy().astype(numpy_dtype(a.dtype), copy=False))
             for a in signature.args]
-    results = module.static(*args)
+    results = getattr(module, signature.stage)(*args)
     if not isinstance(results, (tuple, list)):
         results = [results]
     return {r.name: np.asarray(v.to_host()) for r, v in zip(signature.results, results)}

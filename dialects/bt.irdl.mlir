@@ -5,9 +5,14 @@
 //   "bt.lift"(%v) {from, to, name}               %v, computed at `from`, is
 //       used at the later time `to`; after bt-split each lift is a stage
 //       boundary (a parameter or per-adapter state) called `name`.
+//   "bt.gather"(%v, %ids) {from, to, name}       %v is per-tenant state (one
+//       value per loaded adapter); row i of the result is %v of the tenant
+//       whose slot is %ids[i]. After bt-split the state is a table with one
+//       entry per slot, written at adapter load and indexed per request row.
 //
 // The operand and result of bt.lift share one constraint variable, so their
-// types must be equal; `from < to` is checked by bt-verify.
+// types must be equal; `from < to` is checked by bt-verify. bt.gather's
+// result has one more (leading, row) dimension than its value.
 irdl.dialect @bt {
   irdl.attribute @time {
     %static = irdl.is "static"
@@ -24,6 +29,18 @@ irdl.dialect @bt {
     %name = irdl.base "#builtin.string"
     irdl.operands(value: %type)
     irdl.results(lifted: %type)
+    irdl.attributes {"from" = %from, "to" = %to, "name" = %name}
+  }
+
+  irdl.operation @gather {
+    %value = irdl.any
+    %ids = irdl.any
+    %rows = irdl.any
+    %from = irdl.base @bt::@time
+    %to = irdl.base @bt::@time
+    %name = irdl.base "#builtin.string"
+    irdl.operands(value: %value, ids: %ids)
+    irdl.results(rows: %rows)
     irdl.attributes {"from" = %from, "to" = %to, "name" = %name}
   }
 }

@@ -8,7 +8,7 @@ from iree import runtime as iree_rt
 
 from stageml.errors import ArtifactError, InputError
 
-FORMAT = "stageml-residual/1"
+FORMAT = "stageml-residual/2"
 
 
 def _read_manifest(vmfb_path: str) -> dict:
@@ -39,8 +39,19 @@ def _check_input(spec: dict, value) -> np.ndarray:
     return np.ascontiguousarray(value)
 
 
+def as_outputs(results):
+    """IREE results as numpy arrays (a tuple for several outputs)."""
+    if isinstance(results, (tuple, list)):
+        return tuple(np.asarray(r.to_host()) for r in results)
+    return np.asarray(results.to_host())
+
+
 class ResidualModule:
-    """A loaded residual: call it like the model (`mod(x)`)."""
+    """A loaded residual: call it like the model (`mod(x)`).
+
+    @adapter runs once, at load, with the adapter weights the model was
+    compiled with; its results (the adapter state, on the device) are kept
+    and passed to every @forward call."""
 
     def __init__(self, path: str, device: str = "local-task"):
         path = os.fspath(path)
@@ -71,8 +82,9 @@ class ResidualModule:
         params = iree_rt.create_io_parameters_module(instance, provider)
         self._module = iree_rt.load_vm_modules(params, main, config=self._config)[-1]
         self._entries = entries
-        if "adapter" in self.manifest["entry_points"]:
-            self._run_adapter(self._default_adapter())
+        self._state = []
+        if "adapter" in self.manifest["entry_points"] and "tenants" not in self.manifest:
+            self._state = self._run_adapter(self._default_adapter())
 
     def _default_adapter(self) -> list:
         prefix = self.manifest["default_adapter_prefix"]
@@ -82,25 +94,39 @@ class ResidualModule:
         except Exception:
             raise ArtifactError("the parameter archive lacks the default adapter weights: recompile the model") from None
 
-    def _run_adapter(self, arrays: list) -> None:
-        self._module.adapter(*[np.ascontiguousarray(a) for a in arrays])
+    def _run_adapter(self, arrays: list) -> list:
+        """Runs @adapter; returns the adapter state (device arrays)."""
+        state = self._module.adapter(*[np.ascontiguousarray(a) for a in arrays])
+        return list(state) if isinstance(state, (tuple, list)) else [state]
 
     @property
     def inputs(self) -> list:
         return self.manifest["entry_points"]["forward"]["inputs"]
 
-    def __call__(self, *inputs):
+    def _check_inputs(self, inputs) -> list:
         specs = self.inputs
         if len(inputs) != len(specs):
             names = ", ".join(s["name"] for s in specs)
             raise InputError(f"the residual takes {len(specs)} input(s) ({names}), got {len(inputs)}: pass exactly those")
-        arrays = [_check_input(s, v) for s, v in zip(specs, inputs)]
-        results = self._module.forward(*arrays)
-        if isinstance(results, (tuple, list)):
-            return tuple(np.asarray(r.to_host()) for r in results)
-        return np.asarray(results.to_host())
+        return [_check_input(s, v) for s, v in zip(specs, inputs)]
+
+    def __call__(self, *inputs):
+        return as_outputs(self._module.forward(*self._state, *self._check_inputs(inputs)))
 
 
-def load(path: str, device: str = "local-task") -> ResidualModule:
-    """Loads `residual.vmfb` with its `.irpa` and `.json`. Args: path, IREE device."""
+def load(path: str, device: str = "local-task", **serving) -> ResidualModule:
+    """Loads `residual.vmfb` with its `.irpa` and `.json`.
+
+    Args:
+      path: the .vmfb stagemlc or Artifact.save wrote.
+      device: the IREE device ("local-task": the CPU).
+      **serving: for a multi-tenant residual (compiled with max_adapters):
+        adapter_memory_budget (bytes, None: unlimited), policy ("auto",
+        "merged" or "factorized"), replan_every (calls between re-plans).
+    """
+    if "tenants" in _read_manifest(os.fspath(path)):
+        from stageml.runtime.tenants import TenantModule
+        return TenantModule(path, device, **serving)
+    if serving:
+        raise ArtifactError(f"{', '.join(serving)} apply to multi-tenant residuals only: compile with max_adapters")
     return ResidualModule(path, device)

@@ -24,11 +24,11 @@ def test_unlimited_budget_merges_every_used_adapter():
 
 
 def test_exact_choice_beats_ratio_greedy():
-    # Merging costs 6 sites' extra bytes for "big" and 5 for "p" and "q"; there
-    # is room for 10. Greedy by saved FLOPs per byte takes "big" first
+    # Merging costs 6 sites' merged bytes for "big" and 5 for "p" and "q";
+    # there is room for 10. Greedy by saved FLOPs per byte takes "big" first
     # (210/6 > 150/5) and then nothing else fits: 210. The optimum merges
     # "p" and "q": 300.
-    extra = SITE.in_features * SITE.out_features * 4 - 8 * (64 + 64) * 4
+    extra = SITE.in_features * SITE.out_features * 4
     per_site = 2 * 8 * (64 + 64)
     adapters = [_adapter("big", 6, 35), _adapter("p", 5, 30), _adapter("q", 5, 30)]
     budget = sum(a.factorized_bytes for a in adapters) + 10 * extra
@@ -57,7 +57,7 @@ def test_plan_matches_exhaustive_search_on_random_cases():
         budget = floor + rng.randint(0, sum(a.merged_bytes for a in adapters))
         best = 0
         for choice in itertools.product([False, True], repeat=len(adapters)):
-            held = sum(a.merged_bytes if m else a.factorized_bytes for a, m in zip(adapters, choice))
+            held = sum(a.factorized_bytes + (a.merged_bytes if m else 0) for a, m in zip(adapters, choice))
             if held <= budget:
                 best = max(best, sum(a.requests * a.factorized_flops_per_token
                                      for a, m in zip(adapters, choice) if m))

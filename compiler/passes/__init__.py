@@ -16,17 +16,20 @@ from stageml.errors import CompileError, StageMLError
 
 @dataclasses.dataclass
 class PassOptions:
-    """What passes may read (`stages`) and write (`stats`)."""
+    """What passes may read (`stages`, ...) and write (`stats`, `sites`)."""
 
     stages: dict = dataclasses.field(default_factory=dict)  # arg name -> BindingTime
     stats: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     merge_lora: bool = True  # the cost policy may decline LoRA merges
+    max_rank: int | None = None  # lora-sites: the rank factors are padded to (None: single-tenant)
+    lift_prefix: str = ""    # bt-lift: prefix of computed values' names
+    sites: list = dataclasses.field(default_factory=list)  # lora-sites: one dict per LoRA site
 
 
 PASSES: dict = {}
 
 _MODULES = ("bt_annotate", "bt_propagate", "bt_improve", "bt_lift", "bt_split",
-            "bt_verify", "flatten_matmul")
+            "bt_verify", "flatten_matmul", "lora_sites", "bt_gather")
 
 
 def register(name: str, description: str):

@@ -8,7 +8,8 @@
     %y = torch.aten.matmul %x, %l
 
 One lift per (value, later time), shared by all its users there. A lifted
-argument keeps its model name; computed values are named `<time>.<n>`.
+argument keeps its model name; computed values are named `<time>.<n>`
+(after `options.lift_prefix`).
 Constants (and non-tensor values computed from them) are not lifted: bt-split
 clones them into each stage that uses them. The function's results are
 request-time, so an earlier-time result is lifted to dynamic.
@@ -23,20 +24,21 @@ from stageml.compiler.passes import main_func, register
 from stageml.errors import CompileError
 
 
-def _lift_name(func, value, counters: dict, names: dict) -> str:
+def _lift_name(func, value, counters: dict, names: dict, prefix: str) -> str:
     key = value
     if key not in names:
         if isinstance(value.owner, ir.Block):
             names[key] = arg_name(func, ir.BlockArgument(value).arg_number)
         else:
             time = value_time(value)
-            names[key] = f"{time.label}.{counters.get(time, 0)}"
+            names[key] = f"{prefix}{time.label}.{counters.get(time, 0)}"
             counters[time] = counters.get(time, 0) + 1
     return names[key]
 
 
-def lift(func) -> dict:
-    """Inserts the lifts; returns {(from, to): count}."""
+def lift(func, prefix: str = "") -> dict:
+    """Inserts the lifts; returns {(from, to): count}. Computed values are
+    named `<prefix><time>.<n>`."""
     block = func.regions[0].blocks[0]
     lifts, counters, names, crossings = {}, {}, {}, {}
     for op in list(block.operations):
@@ -53,7 +55,7 @@ def lift(func) -> dict:
                                    f"time is used at {to.label} time; StageML can only carry tensors across stages")
             key = (value, to)
             if key not in lifts:
-                name = _lift_name(func, value, counters, names)
+                name = _lift_name(func, value, counters, names, prefix)
                 with ir.InsertionPoint(op), op.location:
                     lifted = ir.Operation.create(
                         "bt.lift", results=[value.type], operands=[value],
@@ -67,5 +69,5 @@ def lift(func) -> dict:
 
 @register("bt-lift", "explicit bt.lift ops where a value crosses to a later stage")
 def run(module_op, options) -> None:
-    for (source, to), count in lift(main_func(module_op)).items():
+    for (source, to), count in lift(main_func(module_op), options.lift_prefix).items():
         options.stats[f"lifted {source.label}->{to.label}"] += count

@@ -11,6 +11,15 @@
     func @adapter(%static.0, %a) -> (%m {bt.name = "adapter.0"})
     func @forward(%adapter.0, %x) -> %y
 
+A `bt.gather` of adapter state makes that state a result of @adapter and a
+table argument of @forward (one entry per adapter slot, `bt.table`), which
+@forward indexes by the rows' slots:
+
+    %g = "bt.gather"(%m, %ids) {name = "adapter.0"}      // in @main
+  → func @adapter(...) -> (%m {bt.name = "adapter.0"})
+    func @forward(%adapter.0 {bt.table}, ..., %ids) {
+      %g = torch.aten.index_select %adapter.0, 0, %ids ... }
+
 Arguments of a later stage are, in order: values lifted from static, values
 lifted from adapter, then the model's arguments of that time; each carries
 `bt.name` and `bt.time` (the time it comes from). A static argument used
@@ -22,10 +31,12 @@ no results.
 
 from torch_mlir import ir
 from torch_mlir.dialects import func as func_d
+from torch_mlir.dialects import torch as torch_d
 
 from stageml.binding_time import BindingTime
-from stageml.compiler.ir import (NAME, TIME, arg_attrs, arg_name, is_rematerializable,
-                                 parse_time, set_arg_attr, time_attr, value_time)
+from stageml.compiler.ir import (NAME, TABLE, TIME, arg_attrs, arg_name, const_int,
+                                 is_rematerializable, parse_time, set_arg_attr, set_op_time,
+                                 time_attr, value_time)
 from stageml.compiler.passes import main_func, register
 
 STAGE_FUNCS = {BindingTime.STATIC: "static", BindingTime.ADAPTER: "adapter",
@@ -44,6 +55,7 @@ class _Stage:
         self.time = time
         self.inputs = {}    # name -> (value used in @main, from-time or None for arguments)
         self.outputs = {}   # name -> source value in @main
+        self.gathers = {}   # name -> bt.gather op in @main, whose table is an input
         self.ops = []
 
 
@@ -57,7 +69,13 @@ def _plan(main) -> dict:
             stages[to].inputs.setdefault(name, (op.result, source))
             if source != BindingTime.STATIC or not isinstance(op.operands[0].owner, ir.Block):
                 stages[source].outputs.setdefault(name, op.operands[0])
-        elif op.name != "func.return" and TIME in op.attributes:
+        elif op.name == "bt.gather":
+            source, to, name = _lift_info(op)
+            stages[to].inputs.setdefault(name, (op.result, source))
+            stages[to].gathers[name] = op
+            stages[source].outputs.setdefault(name, op.operands[0])
+        elif op.name != "func.return" and TIME in op.attributes and not (
+                len(op.results) == 1 and is_rematerializable(op.results[0])):  # cloned where used
             stages[parse_time(op.attributes[TIME])].ops.append(op)
     for stage in stages.values():  # lifted values first (static, adapter), then arguments
         stage.inputs = dict(sorted(stage.inputs.items(), key=lambda kv: kv[1][1]))
@@ -79,6 +97,15 @@ def _emit(stage, main, results) -> None:
             for key, attr in arg_attrs(main, value.arg_number).items():
                 if key not in (NAME, TIME):
                     set_arg_attr(func.operation, index, key, attr)
+
+    with ir.InsertionPoint(entry):
+        for name, gather in stage.gathers.items():
+            index = list(stage.inputs).index(name)
+            set_arg_attr(func.operation, index, TABLE, ir.UnitAttr.get())
+            rows = torch_d.AtenIndexSelectOp(gather.result.type, entry.arguments[index], const_int(0, annotate=True),
+                                             mapping[gather.operands[1]])
+            set_op_time(rows.operation, BindingTime.DYNAMIC)
+            mapping[gather.result] = rows.result
 
     def lookup(value):
         if value not in mapping:  # a constant from another stage: clone it here

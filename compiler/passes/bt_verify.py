@@ -1,13 +1,15 @@
 """bt-verify: check the binding-time invariants; fails with the op's location.
 
 Congruence: no operation is earlier than any of its operands. Once lifts
-exist, a tensor crosses to a later stage only through a `bt.lift` whose
-`from` is its operand's time and whose `to` is later.
+exist, a tensor crosses to a later stage only through a `bt.lift` (or a
+`bt.gather`) whose `from` is its operand's time and whose `to` is later.
 """
 
 from stageml.compiler.ir import TIME, is_rematerializable, parse_time, value_time
 from stageml.compiler.passes import main_func, register
 from stageml.errors import CompileError
+
+CROSSINGS = ("bt.lift", "bt.gather")  # the ops that carry a value to a later stage
 
 
 def _fail(op, message):
@@ -16,18 +18,18 @@ def _fail(op, message):
 
 def verify(func) -> None:
     ops = [op.operation for op in func.regions[0].blocks[0].operations]
-    lifted = any(op.name == "bt.lift" for op in ops)
+    lifted = any(op.name in CROSSINGS for op in ops)
     for op in ops:
         if op.name == "func.return":
             continue
         if TIME not in op.attributes:
             _fail(op, "has no binding time: run bt-propagate first")
         time = parse_time(op.attributes[TIME])
-        for value in op.operands:
+        for index, value in enumerate(op.operands):
             source = value_time(value)
             if source > time:
                 _fail(op, f"is {time.label} but uses a {source.label} operand")
-            if op.name == "bt.lift":
+            if op.name in CROSSINGS and index == 0:
                 if parse_time(op.attributes["from"]) != source or parse_time(op.attributes["to"]) <= source:
                     _fail(op, f"lifts a {source.label} value from {parse_time(op.attributes['from']).label} "
                               f"to {parse_time(op.attributes['to']).label}: a lift must go to a later time")

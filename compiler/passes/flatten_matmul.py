@@ -16,12 +16,8 @@ import math
 from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 
-from stageml.compiler.ir import users, vtensor_shape, vtensor_type
+from stageml.compiler.ir import const_int, users, vtensor_shape, vtensor_type
 from stageml.compiler.passes import register
-
-
-def _int(value: int) -> ir.Value:
-    return torch_d.ConstantIntOp(ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)).result
 
 
 def _int_list(values) -> ir.Value:
@@ -37,11 +33,11 @@ def flatten(op) -> bool:
     k, n = w_dims
     rows = None if None in x_dims[:-1] else math.prod(x_dims[:-1])
     with ir.InsertionPoint(op), op.location:
-        flat = torch_d.AtenFlattenUsingIntsOp(vtensor_type([rows, k], dtype), x, _int(0), _int(len(x_dims) - 2))
+        flat = torch_d.AtenFlattenUsingIntsOp(vtensor_type([rows, k], dtype), x, const_int(0), const_int(len(x_dims) - 2))
         product = torch_d.AtenMmOp(vtensor_type([rows, n], dtype), flat.result, w)
-        sizes = [torch_d.AtenSizeIntOp(x, _int(d)).result if size is None else _int(size)
+        sizes = [torch_d.AtenSizeIntOp(x, const_int(d)).result if size is None else const_int(size)
                  for d, size in enumerate(x_dims[:-1])]
-        out = torch_d.AtenViewOp(op.result.type, product.result, _int_list(sizes + [_int(n)]))
+        out = torch_d.AtenViewOp(op.result.type, product.result, _int_list(sizes + [const_int(n)]))
     op.result.replace_all_uses_with(out.result)
     op.erase()
     return True

@@ -1,0 +1,163 @@
+"""lora-sites: every LoRA site in one canonical form, for multi-tenant serving.
+
+A LoRA site is a request-time sum `x@Wt + s·((x@At)@Bt)` (bt-improve's
+linear form) with Wt earlier than dynamic and At, Bt transposes of
+adapter-time arguments A [r, in] and B [out, r] (PEFT's lora_A / lora_B
+layout). Each site is rebuilt with its factors padded to the maximum rank R
+and without its scaling, which becomes a property of each loaded adapter
+(the runtime stores s·B, pre-scaled):
+
+    %A : [r,in] {adapter}, %B : [out,r] {adapter}
+    %y = torch.aten.matmul %x, %wt
+    %t = torch.aten.matmul %x, (transpose %A)
+    %u = torch.aten.matmul %t, (transpose %B)
+    %v = torch.aten.mul.Scalar %u, %s
+    %z = torch.aten.add.Tensor %y, %v, %int1
+  → %A : [R,in] {adapter}, %B : [out,R] {adapter}
+    %z = torch.aten.add.Tensor (matmul %x, %wt),
+           (matmul (matmul %x, (transpose %A)), (transpose %B)), %int1
+
+Each site is recorded in `options.sites` (names, shapes, rank, scaling).
+"""
+
+from torch_mlir import ir
+from torch_mlir.dialects import torch as torch_d
+
+from stageml.binding_time import BindingTime
+from stageml.compiler.ir import (arg_name, const_int, erase_dead_ops, set_op_time,
+                                 update_function_type, users, value_time, vtensor_shape,
+                                 vtensor_type)
+from stageml.compiler.passes import main_func, register
+from stageml.compiler.passes.bt_improve import linear_form
+from stageml.compiler.passes.bt_propagate import op_time
+from stageml.errors import CompileError
+
+def _constant(value):
+    """The number a constant scalar value holds, or None."""
+    op = value.owner
+    if isinstance(op, ir.Block) or op.operation.name not in ("torch.constant.float", "torch.constant.int"):
+        return None
+    attr = op.operation.attributes["value"]
+    return ir.FloatAttr(attr).value if op.operation.name == "torch.constant.float" else ir.IntegerAttr(attr).value
+
+
+def _swaps(op) -> bool | None:
+    """Whether a 2-D layout op transposes its operand (None: not a layout op)."""
+    if op.name in ("torch.aten.t", "torch.aten.numpy_T"):
+        return True
+    if op.name == "torch.aten.transpose.int":
+        dims = [_constant(v) for v in op.operands[1:]]
+        return None if None in dims else dims[0] % 2 != dims[1] % 2
+    if op.name == "torch.aten.permute" and not isinstance(op.operands[1].owner, ir.Block):
+        dims = [_constant(v) for v in op.operands[1].owner.operation.operands]
+        return None if None in dims else [d % 2 for d in dims] == [1, 0]
+    return None
+
+
+def _transposed_argument(value):
+    """The adapter-time argument `value` is the transpose of, or None."""
+    swaps = 0
+    while not isinstance(value.owner, ir.Block):
+        op = value.owner.operation
+        swapped = _swaps(op) if len(vtensor_shape(value.type)[0]) == 2 else None
+        if swapped is None:
+            return None
+        swaps += swapped
+        value = op.operands[0]
+    if value_time(value) != BindingTime.ADAPTER or swaps % 2 != 1:
+        return None
+    return value
+
+
+def _lora_branch(matrix):
+    """(A argument, B argument, scaling) of `s·(At@Bt)`, or None."""
+    scaling = 1.0
+    while matrix[0] == "scale":
+        factor = _constant(matrix[2])
+        if factor is None:
+            return None
+        scaling *= factor
+        matrix = matrix[1]
+    if matrix[0] != "dot" or matrix[1][0] != "leaf" or matrix[2][0] != "leaf":
+        return None
+    a, b = _transposed_argument(matrix[1][1]), _transposed_argument(matrix[2][1])
+    return None if a is None or b is None else (a, b, scaling)
+
+
+def _site(op):
+    """(x, Wt, A, B, scaling) when `op` computes a LoRA site, else None."""
+    form = linear_form(op.result)
+    if form.matrix is None or form.matrix[0] != "sum":
+        return None
+    for base, branch in ((form.matrix[1], form.matrix[2]), (form.matrix[2], form.matrix[1])):
+        if base[0] == "leaf" and value_time(base[1]) == BindingTime.STATIC:
+            lora = _lora_branch(branch)
+            if lora is not None:
+                return (form.x, base[1]) + lora
+    return None
+
+
+def _timed(op):
+    set_op_time(op.operation, op_time(op.operation))
+    return op.result
+
+
+def _rebuild(op, x, wt, a, b, rank) -> None:
+    """Replaces `op` by x@wt + (x@a^T)@b^T, the factors of rank `rank`."""
+    (k, n), dtype = vtensor_shape(wt.type)
+    x_dims = vtensor_shape(x.type)[0]
+    with ir.InsertionPoint(op), op.location:
+        zero, one = const_int(0, annotate=True), const_int(1, annotate=True)
+        at = _timed(torch_d.AtenTransposeIntOp(vtensor_type([k, rank], dtype), a, zero, one))
+        bt = _timed(torch_d.AtenTransposeIntOp(vtensor_type([rank, n], dtype), b, zero, one))
+        base = _timed(torch_d.AtenMatmulOp(op.result.type, x, wt))
+        low = _timed(torch_d.AtenMatmulOp(vtensor_type(x_dims[:-1] + [rank], dtype), x, at))
+        delta = _timed(torch_d.AtenMatmulOp(op.result.type, low, bt))
+        total = _timed(torch_d.AtenAddTensorOp(op.result.type, base, delta, one))
+    op.result.replace_all_uses_with(total)
+
+
+def canonicalize(func, rank: int) -> list:
+    """Rebuilds every LoRA site of `func`; returns the site records."""
+    block = func.regions[0].blocks[0]
+    sites, padded = [], {}
+    for op in reversed(list(block.operations)):
+        op = op.operation
+        if op.name != "torch.aten.add.Tensor" or value_time(op.result) != BindingTime.DYNAMIC:
+            continue
+        site = _site(op)
+        if site is None:
+            continue
+        x, wt, a, b, scaling = site
+        (k, n), dtype = vtensor_shape(wt.type)
+        r = vtensor_shape(a.type)[0][0]
+        a_name, b_name = (arg_name(func, v.arg_number) for v in (a, b))
+        if vtensor_shape(a.type)[0] != [r, k] or vtensor_shape(b.type)[0] != [n, r]:
+            raise CompileError(f"LoRA factors {a_name!r} and {b_name!r} are not in PEFT's layout "
+                               f"(lora_A [r, {k}], lora_B [{n}, r]): store them as PEFT does")
+        if r > rank:
+            raise CompileError(f"LoRA factor {a_name!r} has rank {r}, above the maximum rank {rank}: "
+                               f"compile with a max rank of at least {r}")
+        _rebuild(op, x, wt, a, b, rank)
+        padded[a] = vtensor_type([rank, k], dtype)
+        padded[b] = vtensor_type([n, rank], dtype)
+        sites.append({"lora_A": a_name, "lora_B": b_name, "in_features": k, "out_features": n,
+                      "rank": r, "scaling": scaling})
+    erase_dead_ops(block)
+    for arg, type_ in padded.items():
+        stale = [u for u in users(arg) if u.name != "torch.aten.transpose.int" or u.results[0].type
+                 != vtensor_type(list(reversed(vtensor_shape(type_)[0])), vtensor_shape(type_)[1])]
+        if stale:
+            raise CompileError(f"LoRA factor {arg_name(func, arg.arg_number)!r} is also used outside its "
+                               f"LoRA site ({stale[0].name}): multi-tenant compilation needs factors used only there")
+        arg.set_type(type_)
+    update_function_type(func)
+    return list(reversed(sites))
+
+
+@register("lora-sites", "rebuild each LoRA site as x@W + (x@A^T)@B^T with rank-R, pre-scaled factors")
+def run(module_op, options) -> None:
+    if options.max_rank is None:
+        raise CompileError("lora-sites needs a maximum rank: pass --max-rank")
+    options.sites = canonicalize(main_func(module_op), options.max_rank)
+    options.stats["lora-site"] += len(options.sites)

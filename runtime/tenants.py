@@ -1,0 +1,228 @@
+"""Multi-tenant serving: many LoRA adapters on one compiled residual.
+
+    mod = stageml.load("residual.vmfb", adapter_memory_budget=512 << 20)
+    mod.load_adapter("tenant-a", "adapters/a")
+    y = mod(x, adapter="tenant-a")
+    ys = mod.run_batch(x, adapters=["tenant-a", "tenant-b", None])   # per row
+
+Every resident adapter holds one slot of the factorized tables, written by
+@adapter_factorized (slot 0 stays zero: the base model). The cost policy
+(stageml.policy) may also give it a merged form: @adapter's state, its own
+`W + s·B·A` per site, kept on the device. Each call is one residual call:
+
+  - all rows use one merged adapter → @forward with that adapter's state,
+    as cheap as the base model;
+  - otherwise → @forward_factorized with each row's slot: the base weights
+    are read once for the whole batch and each row adds its own low-rank
+    product. One merged call per tenant would read them once per tenant.
+
+More adapters may be registered than there are slots: the least recently
+used resident adapter is evicted (slot and merged state freed) and reloaded
+from its source when next used. One lock serializes loads, unloads and
+calls, so any number of threads may use a module; a load that fails
+changes nothing.
+"""
+
+import dataclasses
+import itertools
+import threading
+
+import numpy as np
+
+from stageml.errors import AdapterError, InputError
+from stageml.policy import AdapterProfile, LoraSite, plan
+from stageml.runtime import peft_adapter
+from stageml.runtime.module import ResidualModule, as_outputs
+
+POLICIES = ("auto", "merged", "factorized")
+
+
+@dataclasses.dataclass
+class _Adapter:
+    source: object            # a PEFT directory, or the prepared inputs of a dict
+    config: dict | None
+    inputs: dict | None       # prepared @adapter inputs; None while evicted (directory sources)
+    slot: int | None = None   # None: evicted
+    merged: list | None = None
+    requests: float = 0.0     # rows served, halved at every re-plan
+    total: int = 0            # rows served since loaded
+    last_used: int = 0
+
+
+class TenantModule(ResidualModule):
+    """A multi-tenant residual (compiled with max_adapters). See the module doc."""
+
+    def __init__(self, path, device="local-task", adapter_memory_budget=None, policy="auto", replan_every=64):
+        if policy not in POLICIES:
+            raise AdapterError(f"unknown adapter policy {policy!r}: choose one of {', '.join(POLICIES)}")
+        super().__init__(path, device)
+        tenants = self.manifest["tenants"]
+        self._sites = tenants["sites"]
+        self._max_rank = tenants["max_rank"]
+        self._free = list(range(tenants["max_adapters"], 0, -1))  # slot 0 is the base model
+        self._budget = adapter_memory_budget
+        self._policy = policy
+        self._replan_every = replan_every
+        self._adapters = {}
+        self._lock = threading.RLock()
+        self._clock = itertools.count(1)
+        self._calls = 0
+        sites = tuple(LoraSite(s["in_features"], s["out_features"]) for s in self._sites)
+        self._profile = AdapterProfile("", self._max_rank, sites)
+
+    # -- adapters -------------------------------------------------------------
+
+    @property
+    def adapters(self) -> list:
+        """The registered adapters' names (resident or evicted)."""
+        with self._lock:
+            return sorted(self._adapters)
+
+    def load_adapter(self, name: str, source, config=None) -> None:
+        """Registers adapter `name` and writes it into a slot.
+
+        Args:
+          name: the adapter's name in `mod(x, adapter=name)`.
+          source: a PEFT adapter directory, or a dict of named tensors.
+          config: for a dict, PEFT's config (dict or LoraConfig) to scale by.
+        Loading a registered name replaces that adapter."""
+        if not isinstance(name, str) or not name:
+            raise AdapterError(f"adapter name {name!r} is not a non-empty string: name adapters with strings")
+        tensors, config = peft_adapter.read(source, config)
+        inputs = peft_adapter.prepare(tensors, config, self._sites, self._max_rank)
+        if isinstance(source, dict):
+            source = inputs
+        with self._lock:
+            if self._policy == "merged" and self._budget is not None:
+                held = self._bytes_held() - self._bytes_of(self._adapters.get(name))
+                if held + self._profile.factorized_bytes + self._profile.merged_bytes > self._budget:
+                    raise AdapterError(f"adapter {name!r} does not fit merged in the adapter memory budget of "
+                                       f"{self._budget} bytes: raise adapter_memory_budget or use policy='auto'")
+            adapter = _Adapter(source, config, inputs)
+            self._make_resident(adapter, busy={name})
+            old = self._adapters.pop(name, None)
+            if old is not None:
+                self._evict(old)
+            self._adapters[name] = adapter
+            adapter.last_used = next(self._clock)
+            self._replan()
+
+    def unload_adapter(self, name: str) -> None:
+        """Forgets adapter `name`; its slot is reused."""
+        with self._lock:
+            self._evict(self._known(name))
+            del self._adapters[name]
+
+    def _known(self, name) -> _Adapter:
+        if name not in self._adapters:
+            raise AdapterError(f"unknown adapter {name!r}: load it with mod.load_adapter({name!r}, ...) first")
+        return self._adapters[name]
+
+    def _make_resident(self, adapter: _Adapter, busy: set) -> None:
+        """Writes `adapter` into a free slot, evicting the least recently used one if needed."""
+        if adapter.inputs is None:  # evicted: reload from its directory
+            tensors, _ = peft_adapter.read(adapter.source)
+            adapter.inputs = peft_adapter.prepare(tensors, adapter.config, self._sites, self._max_rank)
+        if not self._free:
+            resident = [(a.last_used, n) for n, a in self._adapters.items() if a.slot is not None and n not in busy]
+            if not resident:
+                raise AdapterError(f"all {self.manifest['tenants']['max_adapters']} adapter slots are in use by this call: "
+                                   "compile with a larger max_adapters or send fewer adapters per batch")
+            self._evict(self._adapters[min(resident)[1]])
+        slot = self._free.pop()
+        try:
+            self._module.adapter_factorized(*self._input_arrays(adapter), slot)
+        except Exception as e:
+            self._free.append(slot)
+            raise AdapterError(f"writing the adapter into slot {slot} failed ({e}): check its tensors") from None
+        adapter.slot = slot
+
+    def _input_arrays(self, adapter) -> list:
+        return [adapter.inputs[s["name"]] for s in self.manifest["entry_points"]["adapter_factorized"]["inputs"]]
+
+    def _evict(self, adapter: _Adapter) -> None:
+        if adapter.slot is not None:
+            self._free.append(adapter.slot)
+        adapter.slot, adapter.merged = None, None
+        if not isinstance(adapter.source, dict):
+            adapter.inputs = None
+
+    # -- policy ---------------------------------------------------------------
+
+    def _bytes_of(self, adapter) -> int:
+        if adapter is None or adapter.slot is None:
+            return 0
+        return self._profile.factorized_bytes + (self._profile.merged_bytes if adapter.merged else 0)
+
+    def _bytes_held(self) -> int:
+        return sum(self._bytes_of(a) for a in self._adapters.values())
+
+    def replan(self) -> dict:
+        """Re-runs the cost policy now; returns {adapter: form}."""
+        with self._lock:
+            self._replan()
+            return {n: f["form"] for n, f in self.stats()["adapters"].items()}
+
+    def _replan(self) -> None:
+        resident = {n: a for n, a in self._adapters.items() if a.slot is not None}
+        if self._policy == "auto":
+            profiles = [dataclasses.replace(self._profile, name=n, requests=a.requests) for n, a in resident.items()]
+            budget = self._budget if self._budget is not None else float("inf")
+            forms = plan(profiles, budget).forms
+        else:
+            forms = {n: self._policy for n in resident}
+        for name, adapter in resident.items():
+            if forms[name] == "merged" and adapter.merged is None:
+                adapter.merged = self._run_adapter([adapter.inputs[s["name"]] for s in
+                                                    self.manifest["entry_points"]["adapter"]["inputs"]])
+            elif forms[name] == "factorized":
+                adapter.merged = None
+            adapter.requests /= 2  # recent traffic counts most
+
+    def stats(self) -> dict:
+        """Per adapter: form (merged, factorized or evicted), slot, bytes held and
+        rows served; plus the totals and the budget."""
+        with self._lock:
+            adapters = {n: {"form": "evicted" if a.slot is None else "merged" if a.merged else "factorized",
+                            "slot": a.slot, "bytes_held": self._bytes_of(a), "requests": a.total}
+                        for n, a in sorted(self._adapters.items())}
+            return {"adapters": adapters, "bytes_held": self._bytes_held(), "budget": self._budget,
+                    "policy": self._policy, "slots": self.manifest["tenants"]["max_adapters"],
+                    "slots_free": len(self._free)}
+
+    # -- requests -------------------------------------------------------------
+
+    def __call__(self, *inputs, adapter=None):
+        """The residual with one adapter (None: the base model) for every row."""
+        return self.run_batch(inputs, [adapter] * (len(inputs[0]) if inputs else 0))
+
+    def run_batch(self, inputs, adapters: list):
+        """One call for a batch whose row i uses `adapters[i]` (None: the base model).
+
+        `inputs` is the forward input (or a tuple of them), rows leading."""
+        arrays = self._check_inputs(inputs if isinstance(inputs, (tuple, list)) else (inputs,))
+        adapters = list(adapters)
+        if any(a.ndim == 0 or a.shape[0] != len(adapters) for a in arrays):
+            raise InputError(f"run_batch got {len(adapters)} adapter names for inputs of "
+                             f"{[a.shape[0] if a.ndim else 0 for a in arrays]} rows: pass one name (or None) per row")
+        with self._lock:
+            named = [self._known(n) for n in dict.fromkeys(adapters) if n is not None]
+            busy = {n for n in adapters if n is not None}
+            for adapter in named:
+                if adapter.slot is None:
+                    self._make_resident(adapter, busy)
+            now = next(self._clock)
+            for name in adapters:
+                if name is not None:
+                    self._adapters[name].requests += 1
+                    self._adapters[name].total += 1
+                    self._adapters[name].last_used = now
+            if len(named) == 1 and None not in adapters and named[0].merged is not None:
+                results = self._module.forward(*named[0].merged, *arrays)
+            else:
+                ids = np.array([0 if n is None else self._adapters[n].slot for n in adapters], np.int64)
+                results = self._module.forward_factorized(*arrays, ids)
+            self._calls += 1
+            if self._calls % self._replan_every == 0:
+                self._replan()
+            return as_outputs(results)
