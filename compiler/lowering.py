@@ -9,9 +9,9 @@
       → iree.compiler for the target
 
 A multi-tenant artifact holds a second program, suffixed `_factorized`:
-its adapter state lives in per-slot tables (mutable globals with one entry
+its adapter state lives in a per-slot table (a mutable global with one row
 per adapter slot, slot 0 all zeros for the base model) that
-@adapter_factorized(slot, ...) writes and @forward_factorized gathers.
+@adapter_factorized(..., slot) writes and @forward_factorized gathers.
 """
 
 import dataclasses
@@ -220,38 +220,76 @@ def _use_parameters(module, func, sig, parameters: dict) -> None:
 
 
 def _use_tables(module, forward, adapter, fsig, asig, slots: int) -> None:
-    """Per-slot state: @adapter_factorized(..., slot) writes entry `slot` of
-    each table; @forward_factorized reads the tables.
+    """Per-slot state in one table global per element type, [slots + 1, total]:
+    each state value is a [K*N] range of every row. @adapter_factorized(...,
+    slot) writes row `slot`; @forward_factorized reads each value's range as
+    its [slots + 1, K, N] table.
 
-        func @adapter_factorized(%a, ...) -> (%m)
+        func @adapter_factorized(%a, ...) -> (%m : KxN, ...)
       → func @adapter_factorized(%a, ..., %slot : i64) {
-          %t = util.global.load @adapter.0 ; %u = tensor.insert_slice %m into %t[%slot, 0, 0]
-          util.global.store %u, @adapter.0 }
+          %t = util.global.load @factorized.tables.f32
+          %u = tensor.insert_slice (collapse %m) into %t[%slot, OFFSET] [1, K*N]
+          ... util.global.store %u, @factorized.tables.f32 }
+
+    (One global, not one per value: IREE 3.13 lets mutable globals with
+    equal splat initial values share storage, so equal-shaped tables of
+    separate globals would overwrite each other.)
     """
+    ranges, totals = {}, {}  # state name -> (table symbol, offset, tensor type); symbol -> size
+    for arg in fsig.args:
+        if arg.table:
+            type_ = _tensor_type(arg, leading=slots + 1)
+            symbol = f"factorized.tables.{type_.element_type}"
+            size = type_.shape[1] * type_.shape[2]
+            ranges[arg.name] = (symbol, totals.get(symbol, 0), type_)
+            totals[symbol] = totals.get(symbol, 0) + size
     tables = {}
     with iree_ir.InsertionPoint.at_block_begin(module.body):
-        for arg in fsig.args:
-            if arg.table:
-                type_ = _tensor_type(arg, leading=slots + 1)
-                zero = iree_ir.DenseElementsAttr.get_splat(type_, iree_ir.FloatAttr.get(type_.element_type, 0.0))
-                util.GlobalOp(arg.name, type_, sym_visibility="private", is_mutable=True, initial_value=zero)
-                tables[arg.name] = type_
-    _replace_args_with_globals(forward, [a.name for a in fsig.args if a.time != "static"], tables)
+        for symbol, total in totals.items():
+            element = next(t.element_type for s, _, t in ranges.values() if s == symbol)
+            tables[symbol] = iree_ir.RankedTensorType.get([slots + 1, total], element)
+            zero = iree_ir.DenseElementsAttr.get_splat(tables[symbol], iree_ir.FloatAttr.get(element, 0.0))
+            util.GlobalOp(symbol, tables[symbol], sym_visibility="private", is_mutable=True, initial_value=zero)
+
+    block = forward.regions[0].blocks[0]
+    names = [a.name for a in fsig.args if a.time != "static"]
+    with iree_ir.InsertionPoint.at_block_begin(block), forward.location:
+        loaded = {s: util.GlobalLoadOp(t, s).result for s, t in tables.items()}
+        for index in reversed([i for i, n in enumerate(names) if n in ranges]):
+            symbol, offset, type_ = ranges[names[index]]
+            rows, k, n = type_.shape
+            flat = tensor.ExtractSliceOp(iree_ir.RankedTensorType.get([rows, k * n], type_.element_type),
+                                         loaded[symbol], [], [], [], [0, offset], [rows, k * n], [1, 1]).result
+            table = tensor.ExpandShapeOp(type_, flat, _reassociation([[0], [1, 2]]), [], [rows, k, n]).result
+            arg = block.arguments[index]
+            arg.replace_all_uses_with(tensor.CastOp(arg.type, table).result)
+            block.erase_argument(index)
+    _retype(forward)
+
     block = adapter.regions[0].blocks[0]
     slot = block.add_argument(iree_ir.IntegerType.get_signless(64), adapter.location)
     ret = list(block.operations)[-1]
     with iree_ir.InsertionPoint(ret), ret.location:
-        index = arith.IndexCastOp(iree_ir.IndexType.get(), slot).result
+        row = arith.IndexCastOp(iree_ir.IndexType.get(), slot).result
+        updated = {s: util.GlobalLoadOp(t, s).result for s, t in tables.items()}
         for value, result in zip(ret.operands, asig.results):
-            type_ = tables[result.name]
-            table = util.GlobalLoadOp(type_, result.name).result
-            dynamic = iree_ir.ShapedType.get_dynamic_size()
-            updated = tensor.InsertSliceOp(value, table, [index], [], [], [dynamic] + [0] * (type_.rank - 1),
-                                           [1] + type_.shape[1:], [1] * type_.rank).result
-            util.GlobalStoreOp(updated, result.name)
+            symbol, offset, type_ = ranges[result.name]
+            size = type_.shape[1] * type_.shape[2]
+            flat = tensor.CollapseShapeOp(iree_ir.RankedTensorType.get([size], type_.element_type), value,
+                                          _reassociation([[0, 1]])).result
+            updated[symbol] = tensor.InsertSliceOp(
+                flat, updated[symbol], [row], [], [], [iree_ir.ShapedType.get_dynamic_size(), offset],
+                [1, size], [1, 1]).result
+        for symbol, value in updated.items():
+            util.GlobalStoreOp(value, symbol)
         func_d.ReturnOp([])
     ret.erase()
     _retype(adapter)
+
+
+def _reassociation(groups) -> iree_ir.ArrayAttr:
+    i64 = iree_ir.IntegerType.get_signless(64)
+    return iree_ir.ArrayAttr.get([iree_ir.ArrayAttr.get([iree_ir.IntegerAttr.get(i64, d) for d in g]) for g in groups])
 
 
 # numpy dtype names → builtin (signless) element types

@@ -43,8 +43,10 @@ def test_merged_adapter_weight_is_stored_packed(tmp_path):
     x = torch.randn(5, 48)
     art = stageml.compile(model, (x,), dynamic_shapes=({0: Dim("b", max=64)},))
     residual = art.mlir["iree"]
-    # @adapter packs the merged weight once; @forward multiplies with mmt4d.
-    assert "util.global private mutable @adapter.0 : tensor<4x48x16x1xf32>" in residual
+    # @adapter returns the merged weight packed, once; @forward takes it as
+    # its first argument and multiplies with mmt4d.
+    assert "func.func @adapter(%arg0: tensor<4x48xf32>, %arg1: tensor<64x4xf32>) -> tensor<4x48x16x1xf32>" in residual
+    assert "func.func @forward(%arg0: tensor<4x48x16x1xf32>, %arg1: tensor<?x48xf32>)" in residual
     adapter, forward = residual.split("func.func @forward")
     assert "linalg.pack" in adapter.split("func.func @adapter")[1]
     assert "linalg.mmt4d" in forward and "linalg.matmul" not in forward
