@@ -18,6 +18,7 @@ def main(argv=None) -> int:
     parser.add_argument("--stage", action="append", default=[], metavar="GLOB=TIME",
                         help="for bt-annotate: the binding time of the arguments whose bt.name GLOB matches")
     parser.add_argument("--no-lora-merge", action="store_true", help="bt-improve keeps adapter factors unmerged")
+    parser.add_argument("--max-rank", type=int, default=16, help="for lora-sites: the rank factors are padded to")
     parser.add_argument("--list", action="store_true", help="list the registered passes")
     args = parser.parse_args(argv)
 
@@ -44,7 +45,7 @@ def main(argv=None) -> int:
                 print(f"stageml-opt: error: {e}", file=sys.stderr)
                 return 1
             names = [n for n in args.passes.split(",") if n]
-            options = PassOptions(merge_lora=not args.no_lora_merge)
+            options = PassOptions(merge_lora=not args.no_lora_merge, max_rank=args.max_rank)
             if "bt-annotate" in names:
                 func = main_func(module.operation)
                 arg_names = [arg_name(func, i) for i in range(len(func.regions[0].blocks[0].arguments))]

@@ -1,7 +1,8 @@
 """stagemlc: compile an exported PyTorch model into a staged residual.
 
     stagemlc model.pt2 -o out/residual.vmfb [--stage GLOB=TIME]... [--emit STAGE]
-             [--dump-stages DIR] [--target cpu] [--no-lora-merge] [-q]
+             [--dump-stages DIR] [--target cpu] [--no-lora-merge]
+             [--max-adapters N [--max-rank R]] [-q]
 """
 
 import argparse
@@ -24,6 +25,10 @@ def main(argv=None) -> int:
     parser.add_argument("--dump-stages", metavar="DIR", help="write every stage's output into DIR")
     parser.add_argument("--target", choices=TARGETS, default="cpu")
     parser.add_argument("--no-lora-merge", action="store_true", help="keep LoRA factors unmerged in the residual")
+    parser.add_argument("--max-adapters", type=int, metavar="N",
+                        help="compile for multi-tenant serving: N adapter slots (needs a PEFT LoRA model)")
+    parser.add_argument("--max-rank", type=int, default=16, metavar="R",
+                        help="with --max-adapters: the highest LoRA rank an adapter may have (default 16)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print no progress or report")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")  # torch's and transformers' deprecation noise
@@ -32,7 +37,7 @@ def main(argv=None) -> int:
         stages = [parse_stage_option(s) for s in args.stage]
         art = compile_model(args.model, stages=stages, target=args.target, emit=args.emit,
                             dump_dir=args.dump_stages, merge_lora=not args.no_lora_merge,
-                            verbose=not args.quiet)
+                            max_adapters=args.max_adapters, max_rank=args.max_rank, verbose=not args.quiet)
         if args.emit == "vmfb":
             path = art.save(args.output)
         else:

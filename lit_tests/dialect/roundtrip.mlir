@@ -1,7 +1,7 @@
 // RUN: stageml-opt %s | filecheck %s
 // RUN: stageml-opt %s | stageml-opt | filecheck %s
 
-// #bt.time on arguments and ops, and the generic "bt.lift" op, parse and
+// #bt.time on arguments and ops, and the generic "bt.lift" and "bt.gather" ops, parse and
 // print back (the printed form parses again to the same text).
 
 // CHECK-LABEL: func.func @main
@@ -20,4 +20,14 @@ func.func @main(%arg0: !torch.vtensor<[4,8],f32> {bt.name = "fc.weight", bt.time
   %1 = torch.aten.add.Tensor %0, %arg1, %int1 {bt.time = #bt.time<"adapter">} : !torch.vtensor<[4,8],f32>, !torch.vtensor<[4,8],f32>, !torch.int -> !torch.vtensor<[4,8],f32>
   %2 = "bt.lift"(%1) {from = #bt.time<"adapter">, to = #bt.time<"dynamic">, name = "adapter.0", bt.time = #bt.time<"dynamic">} : (!torch.vtensor<[4,8],f32>) -> !torch.vtensor<[4,8],f32>
   return %2 : !torch.vtensor<[4,8],f32>
+}
+
+// bt.gather: per-tenant state gathered by each row's slot; the result has
+// a leading row dimension.
+// CHECK-LABEL: func.func @rows
+// CHECK-NEXT:  %[[G:[0-9]+]] = "bt.gather"(%arg0, %arg1) {bt.time = #bt.time<"dynamic">, from = #bt.time<"adapter">, name = "adapter.0", to = #bt.time<"dynamic">} : (!torch.vtensor<[4,8],f32>, !torch.vtensor<[?],si64>) -> !torch.vtensor<[?,4,8],f32>
+// CHECK-NEXT:  return %[[G]]
+func.func @rows(%arg0: !torch.vtensor<[4,8],f32>, %arg1: !torch.vtensor<[?],si64>) -> !torch.vtensor<[?,4,8],f32> {
+  %0 = "bt.gather"(%arg0, %arg1) {from = #bt.time<"adapter">, to = #bt.time<"dynamic">, name = "adapter.0", bt.time = #bt.time<"dynamic">} : (!torch.vtensor<[4,8],f32>, !torch.vtensor<[?],si64>) -> !torch.vtensor<[?,4,8],f32>
+  return %0 : !torch.vtensor<[?,4,8],f32>
 }
