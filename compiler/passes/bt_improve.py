@@ -30,8 +30,8 @@ hoists it into @static or @adapter.
 import dataclasses
 
 from stageml.binding_time import BindingTime
-from stageml.compiler.ir import (erase_dead_ops, is_rematerializable, set_op_time, users,
-                                 value_time, vtensor_shape, vtensor_type)
+from stageml.compiler.ir import (const_int, erase_dead_ops, is_rematerializable, set_op_time,
+                                 users, value_time, vtensor_shape, vtensor_type)
 from stageml.compiler.passes import main_func, register
 from stageml.compiler.passes.bt_propagate import op_time
 from torch_mlir import ir
@@ -42,12 +42,14 @@ _PRODUCTS = ("torch.aten.matmul", "torch.aten.mm")
 
 @dataclasses.dataclass
 class LinearForm:
-    """`value == x @ matrix`; `flops` is the per-row request-time cost of `value`."""
+    """`value == x @ matrix + sum(biases)`; `flops` is the per-row request-time
+    cost of `value`. Biases are earlier-stage values (a linear layer's bias)."""
 
     x: ir.Value
     matrix: tuple | None  # None (identity) or ("leaf", v) | ("dot", a, b) | ("scale", a, s) | ("sum", a, b, alpha)
     flops: int
     products: int
+    biases: tuple = ()
 
 
 def _dims(value):
@@ -68,22 +70,32 @@ def linear_form(value: ir.Value, root: bool = True) -> LinearForm:
     op, time = op.operation, value_time(value)
     if op.name in _PRODUCTS and _is_earlier_matrix(op.operands[1], time) and value_time(op.operands[0]) == time:
         inner = linear_form(op.operands[0], root=False)
+        if inner.biases:  # (x@M + c) @ W: the bias would change; stop at the sum
+            inner = LinearForm(op.operands[0], None, 0, 0)
         rows, cols = _dims(op.operands[1])
         matrix = ("leaf", op.operands[1])
         matrix = matrix if inner.matrix is None else ("dot", inner.matrix, matrix)
         return LinearForm(inner.x, matrix, inner.flops + rows * cols, inner.products + 1)
     if op.name == "torch.aten.mul.Scalar" and is_rematerializable(op.operands[1]):
         inner = linear_form(op.operands[0], root=False)
-        if inner.matrix is None:
+        if inner.matrix is None or inner.biases:
             return leaf
         return LinearForm(inner.x, ("scale", inner.matrix, op.operands[1]),
                           inner.flops + _dims(value)[-1], inner.products)
     if op.name == "torch.aten.add.Tensor" and _is_one(op.operands[2]):
+        for form, other in ((0, 1), (1, 0)):  # x@M + c, c earlier than `value`
+            if value_time(op.operands[other]) < time and _dims(op.operands[other])[-1:] == _dims(value)[-1:]:
+                inner = linear_form(op.operands[form], root=False)
+                if inner.matrix is None:
+                    return leaf
+                return dataclasses.replace(inner, flops=inner.flops + _dims(value)[-1],
+                                           biases=inner.biases + (op.operands[other],))
         lhs, rhs = (linear_form(v, root=False) for v in op.operands[:2])
         if lhs.matrix is None or rhs.matrix is None or lhs.x != rhs.x:
             return leaf
         return LinearForm(lhs.x, ("sum", lhs.matrix, rhs.matrix, op.operands[2]),
-                          lhs.flops + rhs.flops + _dims(value)[-1], lhs.products + rhs.products)
+                          lhs.flops + rhs.flops + _dims(value)[-1], lhs.products + rhs.products,
+                          lhs.biases + rhs.biases)
     return leaf
 
 
@@ -117,6 +129,15 @@ def _build(matrix, dtype) -> ir.Value:
     return op.result
 
 
+def add_biases(value: ir.Value, biases) -> ir.Value:
+    """`value + c` for each c in `biases`, at the current insertion point."""
+    for bias in biases:
+        one = const_int(1, annotate=True)
+        value = torch_d.AtenAddTensorOp(value.type, value, bias, one).result
+        set_op_time(value.owner, BindingTime.DYNAMIC)
+    return value
+
+
 def improve(func, options) -> None:
     block = func.regions[0].blocks[0]
     for op in reversed(list(block.operations)):
@@ -135,9 +156,10 @@ def improve(func, options) -> None:
             continue  # the cost policy keeps adapters factorized
         with ir.InsertionPoint(op), op.location:
             matrix = _build(form.matrix, vtensor_shape(op.result.type)[1])
-            product = torch_d.AtenMatmulOp(op.result.type, form.x, matrix)
-            set_op_time(product.operation, BindingTime.DYNAMIC)
-        op.result.replace_all_uses_with(product.result)
+            product = torch_d.AtenMatmulOp(op.result.type, form.x, matrix).result
+            set_op_time(product.owner, BindingTime.DYNAMIC)
+            product = add_biases(product, form.biases)
+        op.result.replace_all_uses_with(product)
         options.stats["lora-merge" if op.name == "torch.aten.add.Tensor" else "reassociate"] += 1
     erase_dead_ops(block)
 

@@ -1,7 +1,7 @@
 """lora-sites: every LoRA site in one canonical form, for multi-tenant serving.
 
-A LoRA site is a request-time sum `x@Wt + s·((x@At)@Bt)` (bt-improve's
-linear form) with Wt earlier than dynamic and At, Bt transposes of
+A LoRA site is a request-time sum `x@Wt + c + s·((x@At)@Bt)` (bt-improve's
+linear form; c, the base layer's bias, is optional) with Wt static and At, Bt transposes of
 adapter-time arguments A [r, in] and B [out, r] (PEFT's lora_A / lora_B
 layout). Each site is rebuilt with its factors padded to the maximum rank R
 and without its scaling, which becomes a property of each loaded adapter
@@ -28,7 +28,7 @@ from stageml.compiler.ir import (arg_name, const_int, erase_dead_ops, set_op_tim
                                  update_function_type, users, value_time, vtensor_shape,
                                  vtensor_type)
 from stageml.compiler.passes import main_func, register
-from stageml.compiler.passes.bt_improve import linear_form
+from stageml.compiler.passes.bt_improve import add_biases, linear_form
 from stageml.compiler.passes.bt_propagate import op_time
 from stageml.errors import CompileError
 
@@ -85,7 +85,7 @@ def _lora_branch(matrix):
 
 
 def _site(op):
-    """(x, Wt, A, B, scaling) when `op` computes a LoRA site, else None."""
+    """(x, Wt, biases, A, B, scaling) when `op` computes a LoRA site, else None."""
     form = linear_form(op.result)
     if form.matrix is None or form.matrix[0] != "sum":
         return None
@@ -93,7 +93,7 @@ def _site(op):
         if base[0] == "leaf" and value_time(base[1]) == BindingTime.STATIC:
             lora = _lora_branch(branch)
             if lora is not None:
-                return (form.x, base[1]) + lora
+                return (form.x, base[1], form.biases) + lora
     return None
 
 
@@ -102,15 +102,15 @@ def _timed(op):
     return op.result
 
 
-def _rebuild(op, x, wt, a, b, rank) -> None:
-    """Replaces `op` by x@wt + (x@a^T)@b^T, the factors of rank `rank`."""
+def _rebuild(op, x, wt, biases, a, b, rank) -> None:
+    """Replaces `op` by x@wt + biases + (x@a^T)@b^T, the factors of rank `rank`."""
     (k, n), dtype = vtensor_shape(wt.type)
     x_dims = vtensor_shape(x.type)[0]
     with ir.InsertionPoint(op), op.location:
         zero, one = const_int(0, annotate=True), const_int(1, annotate=True)
         at = _timed(torch_d.AtenTransposeIntOp(vtensor_type([k, rank], dtype), a, zero, one))
         bt = _timed(torch_d.AtenTransposeIntOp(vtensor_type([rank, n], dtype), b, zero, one))
-        base = _timed(torch_d.AtenMatmulOp(op.result.type, x, wt))
+        base = add_biases(_timed(torch_d.AtenMatmulOp(op.result.type, x, wt)), biases)
         low = _timed(torch_d.AtenMatmulOp(vtensor_type(x_dims[:-1] + [rank], dtype), x, at))
         delta = _timed(torch_d.AtenMatmulOp(op.result.type, low, bt))
         total = _timed(torch_d.AtenAddTensorOp(op.result.type, base, delta, one))
@@ -128,7 +128,7 @@ def canonicalize(func, rank: int) -> list:
         site = _site(op)
         if site is None:
             continue
-        x, wt, a, b, scaling = site
+        x, wt, biases, a, b, scaling = site
         (k, n), dtype = vtensor_shape(wt.type)
         r = vtensor_shape(a.type)[0][0]
         a_name, b_name = (arg_name(func, v.arg_number) for v in (a, b))
@@ -138,7 +138,7 @@ def canonicalize(func, rank: int) -> list:
         if r > rank:
             raise CompileError(f"LoRA factor {a_name!r} has rank {r}, above the maximum rank {rank}: "
                                f"compile with a max rank of at least {r}")
-        _rebuild(op, x, wt, a, b, rank)
+        _rebuild(op, x, wt, biases, a, b, rank)
         padded[a] = vtensor_type([rank, k], dtype)
         padded[b] = vtensor_type([n, rank], dtype)
         sites.append({"lora_A": a_name, "lora_B": b_name, "in_features": k, "out_features": n,
