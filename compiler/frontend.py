@@ -8,6 +8,7 @@
 """
 
 import dataclasses
+import inspect
 import logging
 import os
 import zipfile
@@ -68,10 +69,17 @@ def export(model, args: tuple, dynamic_shapes=None) -> torch.export.ExportedProg
         raise ModelLoadError(f"cannot compile a {type(model).__name__}: pass an nn.Module, an ExportedProgram or a .pt2 path")
     if args is None:
         raise ModelLoadError("an nn.Module needs example inputs: call stageml.compile(model, (x,))")
+    if isinstance(dynamic_shapes, (tuple, list)) and _takes_var_args(model):
+        dynamic_shapes = {"args": tuple(dynamic_shapes)}  # e.g. PeftModel.forward(*args, **kwargs)
     try:
         return torch.export.export(model.eval(), tuple(args), dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:
         raise ModelLoadError(f"torch.export failed on the model ({type(e).__name__}: {str(e).splitlines()[0]}): make it exportable or export it yourself") from e
+
+
+def _takes_var_args(model) -> bool:
+    params = list(inspect.signature(model.forward).parameters.values())
+    return bool(params) and params[0].kind == inspect.Parameter.VAR_POSITIONAL
 
 
 def import_program(program: torch.export.ExportedProgram, context: ir.Context) -> ImportedProgram:

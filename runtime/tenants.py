@@ -93,11 +93,7 @@ class TenantModule(ResidualModule):
         if isinstance(source, dict):
             source = inputs
         with self._lock:
-            if self._policy == "merged" and self._budget is not None:
-                held = self._bytes_held() - self._bytes_of(self._adapters.get(name))
-                if held + self._profile.factorized_bytes + self._profile.merged_bytes > self._budget:
-                    raise AdapterError(f"adapter {name!r} does not fit merged in the adapter memory budget of "
-                                       f"{self._budget} bytes: raise adapter_memory_budget or use policy='auto'")
+            self._check_budget(name)
             adapter = _Adapter(source, config, inputs)
             self._make_resident(adapter, busy={name})
             old = self._adapters.pop(name, None)
@@ -106,6 +102,19 @@ class TenantModule(ResidualModule):
             self._adapters[name] = adapter
             adapter.last_used = next(self._clock)
             self._replan()
+
+    def _check_budget(self, name: str) -> None:
+        """Raises if loading adapter `name` would leave the budget unable to hold
+        every resident adapter's factors (and, with policy "merged", its merged weights)."""
+        if self._budget is None:
+            return
+        others = [a for n, a in self._adapters.items() if n != name and a.slot is not None]
+        resident = min(len(others) + 1, self.manifest["tenants"]["max_adapters"])
+        per_adapter = self._profile.factorized_bytes + (self._profile.merged_bytes if self._policy == "merged" else 0)
+        if resident * per_adapter > self._budget:
+            raise AdapterError(f"adapter {name!r} does not fit the adapter memory budget of {self._budget} bytes "
+                               f"({resident} resident adapters need {resident * per_adapter}): raise "
+                               "adapter_memory_budget or unload adapters")
 
     def unload_adapter(self, name: str) -> None:
         """Forgets adapter `name`; its slot is reused."""

@@ -1,0 +1,337 @@
+"""Multi-tenant serving: PEFT adapters against PEFT itself, per-row isolation,
+slots and eviction, bad adapters, the cost policy, and threads."""
+
+import copy
+import json
+import random
+import threading
+
+import numpy as np
+import pytest
+import torch
+from torch.export import Dim
+
+import stageml
+from models import rel_err
+from stageml.errors import AdapterError, InputError
+
+TARGETS = ["q_proj", "v_proj", "o_proj", "gate_proj"]
+
+
+# -- the small PEFT Llama, three adapters saved with save_pretrained ----------
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from models import CausalLM
+
+    root = tmp_path_factory.mktemp("llama")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    base = LlamaForCausalLM(config).eval()
+    configs = {  # rank 8; rank 4 on two of the compiled sites; rsLoRA
+        "a": LoraConfig(r=8, lora_alpha=16, target_modules=TARGETS, init_lora_weights=False),
+        "b": LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+        "c": LoraConfig(r=8, lora_alpha=8, use_rslora=True, target_modules=TARGETS, init_lora_weights=False),
+    }
+    peft = {}
+    for seed, (name, lora) in enumerate(configs.items()):
+        torch.manual_seed(10 + seed)
+        peft[name] = get_peft_model(copy.deepcopy(base), lora).eval()
+        peft[name].save_pretrained(str(root / name))
+    ids = torch.randint(0, 128, (2, 5))
+    art = stageml.compile(CausalLM(peft["a"]).eval(), (ids,), max_adapters=4, max_rank=8,
+                          dynamic_shapes={"ids": {0: Dim("batch", max=64), 1: Dim("seq", max=64)}})
+    path = art.save(str(root / "tenants.vmfb"))
+    return {"path": path, "root": root, "peft": peft, "art": art}
+
+
+def _llama_reference(llama, name, ids):
+    model = llama["peft"]["a" if name is None else name]
+    with torch.no_grad():
+        if name is None:
+            with model.disable_adapter():
+                return model(input_ids=ids).logits
+        return model(input_ids=ids).logits
+
+
+def _one_merged_budget(art) -> int:
+    sites = art.tenants["sites"]
+    factorized = sum(8 * (s["in_features"] + s["out_features"]) * 4 for s in sites)
+    merged = sum(s["in_features"] * s["out_features"] * 4 for s in sites)
+    return 3 * factorized + merged  # room for every adapter's factors and one merged adapter
+
+
+@pytest.mark.parametrize("policy", ["merged", "factorized", "budget"])
+def test_peft_adapters_match_peft(llama, policy):
+    if policy == "budget":
+        mod = stageml.load(llama["path"], adapter_memory_budget=_one_merged_budget(llama["art"]), replan_every=4)
+    else:
+        mod = stageml.load(llama["path"], policy=policy)
+    for name in "abc":
+        mod.load_adapter(name, str(llama["root"] / name))
+    for name in ["a", "b", "c", None]:
+        ids = torch.randint(0, 128, (2, 6))
+        assert rel_err(mod(ids, adapter=name), _llama_reference(llama, name, ids)) <= 1e-4, name
+    if policy == "budget":  # "a" and then "c" had the most traffic: one of them is merged
+        for _ in range(8):
+            mod(torch.randint(0, 128, (1, 3)), adapter="c")
+        forms = {n: s["form"] for n, s in mod.stats()["adapters"].items()}
+        assert sorted(forms.values()) == ["factorized", "factorized", "merged"]
+        assert forms["c"] == "merged"
+        assert mod.stats()["bytes_held"] <= mod.stats()["budget"]
+    else:
+        assert {s["form"] for s in mod.stats()["adapters"].values()} == {policy}
+    names = ["a", "b", None, "c", "a", "c"]
+    ids = torch.randint(0, 128, (len(names), 7))
+    rows = mod.run_batch(ids, adapters=names)
+    for i, name in enumerate(names):
+        assert rel_err(rows[i:i + 1], _llama_reference(llama, name, ids[i:i + 1])) <= 1e-4, (i, name)
+
+
+def test_stagemlc_multi_tenant(llama, tmp_path):
+    import subprocess
+    import sys
+
+    from models import CausalLM
+
+    ids = torch.randint(0, 128, (2, 5))
+    program = torch.export.export(CausalLM(llama["peft"]["a"]).eval(), (ids,), strict=False,
+                                  dynamic_shapes={"ids": {0: Dim("batch", max=64), 1: Dim("seq", max=64)}})
+    torch.export.save(program, str(tmp_path / "model.pt2"))
+    out = tmp_path / "residual.vmfb"
+    done = subprocess.run([sys.executable, "-m", "stageml.tools.stagemlc", str(tmp_path / "model.pt2"), "-o", str(out),
+                           "--max-adapters", "3", "--max-rank", "16", "-q"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((tmp_path / "residual.json").read_text())
+    assert (manifest["tenants"]["max_adapters"], manifest["tenants"]["max_rank"]) == (3, 16)
+    assert len(manifest["tenants"]["sites"]) == 8
+    mod = stageml.load(str(out))
+    mod.load_adapter("b", str(llama["root"] / "b"))
+    ids = torch.randint(0, 128, (3, 4))
+    assert rel_err(mod.run_batch(ids, ["b", None, "b"])[0], _llama_reference(llama, "b", ids[:1])[0]) <= 1e-4
+
+
+# -- a PEFT linear layer: fast to compile, with a numpy reference ---------------
+
+class Linear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 48)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+A, B = "base_model.model.fc.lora_A.default.weight", "base_model.model.fc.lora_B.default.weight"
+
+
+@pytest.fixture(scope="module")
+def linear(tmp_path_factory):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(1)
+    model = get_peft_model(Linear(), LoraConfig(r=4, target_modules=["fc"], init_lora_weights=False)).eval()
+    art = stageml.compile(model, (torch.randn(3, 64),), dynamic_shapes=({0: Dim("rows", max=256)},),
+                          max_adapters=2, max_rank=8)
+    weight = model.base_model.model.fc.base_layer.weight.detach().numpy()
+    bias = model.base_model.model.fc.base_layer.bias.detach().numpy()
+    return {"path": art.save(str(tmp_path_factory.mktemp("linear") / "linear.vmfb")), "weight": weight, "bias": bias}
+
+
+def _factors(seed, rank=4):
+    g = torch.Generator().manual_seed(seed)
+    return {A: torch.randn(rank, 64, generator=g) / 8, B: torch.randn(48, rank, generator=g)}
+
+
+def _expect(linear, factors, x):
+    y = x @ linear["weight"].T + linear["bias"]
+    if factors is not None:
+        y = y + (x @ factors[A].numpy().T) @ factors[B].numpy().T
+    return y
+
+
+def _check_rows(mod, linear, adapters, names):
+    x = np.random.randn(len(names), 64).astype(np.float32)
+    y = mod.run_batch(x, names)
+    for i, name in enumerate(names):
+        expected = _expect(linear, None if name is None else adapters[name], x[i:i + 1])
+        assert rel_err(y[i:i + 1], expected) <= 1e-4, (i, name)
+
+
+def test_rows_see_only_their_adapter_through_unload_reload_and_slot_reuse(linear):
+    mod = stageml.load(linear["path"], policy="factorized")
+    adapters = {n: _factors(s) for s, n in enumerate("abcd")}
+    mod.load_adapter("a", adapters["a"])
+    mod.load_adapter("b", adapters["b"])
+    _check_rows(mod, linear, adapters, ["a", "b", None, "b", "a"])
+    slot_b = mod.stats()["adapters"]["b"]["slot"]
+    mod.unload_adapter("b")
+    assert mod.adapters == ["a"]
+    mod.load_adapter("c", adapters["c"])
+    assert mod.stats()["adapters"]["c"]["slot"] == slot_b  # b's slot, reused
+    _check_rows(mod, linear, adapters, ["c", "a", None, "c"])
+    with pytest.raises(AdapterError, match="unknown adapter 'b'"):
+        mod(np.zeros((1, 64), np.float32), adapter="b")
+    mod.load_adapter("b", adapters["b"])  # both slots full: the least recently used ("a") is evicted
+    assert mod.stats()["adapters"]["a"]["form"] == "evicted"
+    _check_rows(mod, linear, adapters, ["b", "c", "b"])
+    _check_rows(mod, linear, adapters, ["a", None, "a"])  # "a" comes back transparently
+    assert mod.stats()["adapters"]["a"]["form"] == "factorized"
+    with pytest.raises(AdapterError, match="all 2 adapter slots are in use"):
+        mod.run_batch(np.zeros((3, 64), np.float32), ["a", "b", "c"])
+
+
+def test_evicted_directory_adapter_is_reloaded_from_disk(linear, tmp_path):
+    from safetensors.torch import save_file
+
+    mod = stageml.load(linear["path"])
+    adapters = {n: _factors(10 + s, rank=2) for s, n in enumerate("xyz")}
+    for name, factors in adapters.items():
+        (tmp_path / name).mkdir()
+        save_file({k.replace(".default", ""): v.contiguous() for k, v in factors.items()},
+                  str(tmp_path / name / "adapter_model.safetensors"))
+        (tmp_path / name / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 2}))
+        mod.load_adapter(name, str(tmp_path / name))
+    assert mod.stats()["adapters"]["x"]["form"] == "evicted"
+    _check_rows(mod, linear, adapters, ["x", "z", "x"])
+
+
+def test_merged_policy_serves_single_adapter_batches_merged(linear):
+    mod = stageml.load(linear["path"], policy="merged")
+    adapters = {"a": _factors(3), "b": _factors(4)}
+    for name, factors in adapters.items():
+        mod.load_adapter(name, factors)
+    assert {s["form"] for s in mod.stats()["adapters"].values()} == {"merged"}
+    _check_rows(mod, linear, adapters, ["a", "a", "a"])       # @forward with a's merged weights
+    _check_rows(mod, linear, adapters, ["a", "b", None, "a"])  # one factorized call
+
+
+def test_auto_policy_merges_hot_adapters_and_unmerges_cold_ones(linear):
+    per_adapter = 8 * (64 + 48) * 4
+    budget = 2 * per_adapter + 64 * 48 * 4  # one merged adapter
+    mod = stageml.load(linear["path"], adapter_memory_budget=budget, replan_every=8)
+    adapters = {"a": _factors(5), "b": _factors(6)}
+    for name, factors in adapters.items():
+        mod.load_adapter(name, factors)
+    x = np.random.randn(2, 64).astype(np.float32)
+    for _ in range(8):
+        mod(x, adapter="a")
+    assert mod.stats()["adapters"]["a"]["form"] == "merged"
+    for _ in range(24):
+        mod(x, adapter="b")
+    forms = {n: s["form"] for n, s in mod.stats()["adapters"].items()}
+    assert forms == {"a": "factorized", "b": "merged"}
+    assert mod.stats()["bytes_held"] <= budget
+    _check_rows(mod, linear, adapters, ["b", "b"])
+    _check_rows(mod, linear, adapters, ["a", "b"])
+
+
+def test_too_small_budget_is_an_error(linear):
+    mod = stageml.load(linear["path"], adapter_memory_budget=100)
+    with pytest.raises(AdapterError, match="adapter 'a' does not fit the adapter memory budget of 100 bytes"):
+        mod.load_adapter("a", _factors(0))
+    assert mod.adapters == []
+
+
+# -- bad adapters and requests: errors that change nothing ------------------------
+
+@pytest.mark.parametrize("tensors, match", [
+    ({A: torch.zeros(9, 64), B: torch.zeros(48, 9)}, f"adapter tensor '{A}' has rank 9, above the residual's maximum rank 8"),
+    ({A: torch.zeros(4, 63), B: torch.zeros(48, 4)}, f"adapter tensor '{A}' has shape \\[4, 63\\]; expected \\[r, 64\\]"),
+    ({A: torch.zeros(4, 64), B: torch.zeros(47, 4)}, f"adapter tensor '{B}' has shape \\[47, 4\\]; expected \\[48, 4\\]"),
+    ({A: torch.zeros(4, 64)}, f"adapter tensor '{A}' has no matching lora_B"),
+    ({"base_model.model.fc.weight": torch.zeros(48, 64)}, "'base_model.model.fc.weight' is not a LoRA factor"),
+    ({"base_model.model.proj.lora_A.weight": torch.zeros(4, 64), "base_model.model.proj.lora_B.weight": torch.zeros(48, 4)},
+     "targets module 'base_model.model.proj', which the residual was not compiled with LoRA on"),
+])
+def test_bad_adapter_names_the_tensor_and_changes_nothing(linear, tensors, match):
+    mod = stageml.load(linear["path"])
+    good = _factors(7)
+    mod.load_adapter("good", good)
+    before = mod.stats()
+    with pytest.raises(AdapterError, match=match):
+        mod.load_adapter("bad", tensors)
+    with pytest.raises(AdapterError, match=match):
+        mod.load_adapter("good", tensors)  # a failed replacement keeps the old adapter
+    assert mod.adapters == ["good"] and mod.stats() == before
+    _check_rows(mod, linear, {"good": good}, ["good", None])
+
+
+def test_bad_adapter_directory_and_config(linear, tmp_path):
+    mod = stageml.load(linear["path"])
+    with pytest.raises(AdapterError, match="has no adapter_config.json"):
+        mod.load_adapter("a", str(tmp_path))
+    with pytest.raises(AdapterError, match="sets use_dora"):
+        mod.load_adapter("a", _factors(0), config={"r": 4, "lora_alpha": 8, "use_dora": True})
+    with pytest.raises(AdapterError, match="gives rank 16 .* but its lora_A has rank 4"):
+        mod.load_adapter("a", _factors(0), config={"r": 16, "lora_alpha": 8})
+    assert mod.adapters == []
+
+
+def test_unknown_adapter_fails_before_any_compute(linear):
+    mod = stageml.load(linear["path"])
+    mod.load_adapter("a", _factors(0))
+    x = np.zeros((2, 64), np.float32)
+    with pytest.raises(AdapterError, match="unknown adapter 'nobody': load it with mod.load_adapter"):
+        mod.run_batch(x, ["a", "nobody"])
+    assert mod.stats()["adapters"]["a"]["requests"] == 0
+    with pytest.raises(InputError, match="run_batch got 3 adapter names for inputs of \\[2\\] rows"):
+        mod.run_batch(x, ["a", None, None])
+    with pytest.raises(AdapterError, match="unknown adapter policy"):
+        stageml.load(linear["path"], policy="greedy")
+
+
+# -- threads ----------------------------------------------------------------------
+
+def test_threads_loading_unloading_and_serving_stay_correct(linear):
+    mod = stageml.load(linear["path"], adapter_memory_budget=10 << 20, replan_every=16)
+    adapters = {n: _factors(20 + s) for s, n in enumerate("abc")}
+    for name in "ab":
+        mod.load_adapter(name, adapters[name])
+    mod.load_adapter("c", adapters["c"])  # 3 adapters, 2 slots: eviction and reloads under load
+    failures, served = [], [0]
+    lock = threading.Lock()
+
+    def serve(seed):
+        rng = random.Random(seed)
+        try:
+            for _ in range(60):
+                pair = rng.sample("abc", 2)
+                names = [rng.choice(pair + [None]) for _ in range(rng.randint(1, 4))]
+                x = np.random.default_rng(rng.randrange(1 << 30)).standard_normal((len(names), 64)).astype(np.float32)
+                y = mod.run_batch(x, names)
+                for i, name in enumerate(names):
+                    expected = _expect(linear, None if name is None else adapters[name], x[i:i + 1])
+                    if rel_err(y[i:i + 1], expected) > 1e-4:
+                        failures.append((name, rel_err(y[i:i + 1], expected)))
+                with lock:
+                    served[0] += 1
+        except Exception as e:  # reported below
+            failures.append(repr(e))
+
+    def churn():
+        try:
+            for i in range(20):
+                name = f"tmp{i}"
+                mod.load_adapter(name, _factors(100 + i))
+                y = mod(np.ones((1, 64), np.float32), adapter=name)
+                if rel_err(y, _expect(linear, _factors(100 + i), np.ones((1, 64), np.float32))) > 1e-4:
+                    failures.append(name)
+                with pytest.raises(AdapterError):
+                    mod.load_adapter(name, {A: torch.zeros(9, 64), B: torch.zeros(48, 9)})
+                mod.unload_adapter(name)
+        except Exception as e:
+            failures.append(repr(e))
+
+    threads = [threading.Thread(target=serve, args=(s,)) for s in range(4)] + [threading.Thread(target=churn)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert served[0] == 240
+    assert mod.adapters == ["a", "b", "c"]
