@@ -1,7 +1,6 @@
 """The PEFT-LoRA Llama, exported once with dynamic batch and sequence dims,
 compiled by the stagemlc CLI in a subprocess and run through stageml.load."""
 
-import os
 import subprocess
 import sys
 

@@ -11,7 +11,7 @@ import importlib
 
 from torch_mlir import ir, passmanager
 
-from stageml.errors import CompileError, StageMLError
+from stageml.errors import CompileError
 
 
 @dataclasses.dataclass
