@@ -16,6 +16,7 @@ per adapter slot, slot 0 all zeros for the base model) that
 
 import dataclasses
 import json
+import math
 
 import numpy as np
 from iree import compiler as iree_compiler
@@ -220,34 +221,34 @@ def _use_parameters(module, func, sig, parameters: dict) -> None:
 
 
 def _use_tables(module, forward, adapter, fsig, asig, slots: int) -> None:
-    """Per-slot state in one table global per element type, [slots + 1, total]:
-    each state value is a [K*N] range of every row. @adapter_factorized(...,
-    slot) writes row `slot`; @forward_factorized reads each value's range as
-    its [slots + 1, K, N] table.
+    """Per-slot state in one flat table global per element type: each state
+    value [K, N] owns a contiguous [slots + 1, K, N] range. @adapter_factorized
+    (..., slot) writes entry `slot` of each range; @forward_factorized reads
+    the ranges as tables.
 
         func @adapter_factorized(%a, ...) -> (%m : KxN, ...)
       → func @adapter_factorized(%a, ..., %slot : i64) {
           %t = util.global.load @factorized.tables.f32
-          %u = tensor.insert_slice (collapse %m) into %t[%slot, OFFSET] [1, K*N]
+          %u = tensor.insert_slice (collapse %m) into %t[OFFSET + %slot * K*N] [K*N]
           ... util.global.store %u, @factorized.tables.f32 }
 
     (One global, not one per value: IREE 3.13 lets mutable globals with
     equal splat initial values share storage, so equal-shaped tables of
-    separate globals would overwrite each other.)
+    separate globals would overwrite each other. Contiguous ranges, so that
+    reading a table is a view, not a copy.)
     """
-    ranges, totals = {}, {}  # state name -> (table symbol, offset, tensor type); symbol -> size
+    ranges, totals = {}, {}  # state name -> (table symbol, offset, table type); symbol -> size
     for arg in fsig.args:
         if arg.table:
             type_ = _tensor_type(arg, leading=slots + 1)
             symbol = f"factorized.tables.{type_.element_type}"
-            size = type_.shape[1] * type_.shape[2]
             ranges[arg.name] = (symbol, totals.get(symbol, 0), type_)
-            totals[symbol] = totals.get(symbol, 0) + size
+            totals[symbol] = totals.get(symbol, 0) + math.prod(type_.shape)
     tables = {}
     with iree_ir.InsertionPoint.at_block_begin(module.body):
         for symbol, total in totals.items():
             element = next(t.element_type for s, _, t in ranges.values() if s == symbol)
-            tables[symbol] = iree_ir.RankedTensorType.get([slots + 1, total], element)
+            tables[symbol] = iree_ir.RankedTensorType.get([total], element)
             zero = iree_ir.DenseElementsAttr.get_splat(tables[symbol], iree_ir.FloatAttr.get(element, 0.0))
             util.GlobalOp(symbol, tables[symbol], sym_visibility="private", is_mutable=True, initial_value=zero)
 
@@ -257,10 +258,10 @@ def _use_tables(module, forward, adapter, fsig, asig, slots: int) -> None:
         loaded = {s: util.GlobalLoadOp(t, s).result for s, t in tables.items()}
         for index in reversed([i for i, n in enumerate(names) if n in ranges]):
             symbol, offset, type_ = ranges[names[index]]
-            rows, k, n = type_.shape
-            flat = tensor.ExtractSliceOp(iree_ir.RankedTensorType.get([rows, k * n], type_.element_type),
-                                         loaded[symbol], [], [], [], [0, offset], [rows, k * n], [1, 1]).result
-            table = tensor.ExpandShapeOp(type_, flat, _reassociation([[0], [1, 2]]), [], [rows, k, n]).result
+            size = math.prod(type_.shape)
+            flat = tensor.ExtractSliceOp(iree_ir.RankedTensorType.get([size], type_.element_type),
+                                         loaded[symbol], [], [], [], [offset], [size], [1]).result
+            table = tensor.ExpandShapeOp(type_, flat, _reassociation([[0, 1, 2]]), [], type_.shape).result
             arg = block.arguments[index]
             arg.replace_all_uses_with(tensor.CastOp(arg.type, table).result)
             block.erase_argument(index)
@@ -270,16 +271,18 @@ def _use_tables(module, forward, adapter, fsig, asig, slots: int) -> None:
     slot = block.add_argument(iree_ir.IntegerType.get_signless(64), adapter.location)
     ret = list(block.operations)[-1]
     with iree_ir.InsertionPoint(ret), ret.location:
-        row = arith.IndexCastOp(iree_ir.IndexType.get(), slot).result
+        index_type = iree_ir.IndexType.get()
+        row = arith.IndexCastOp(index_type, slot).result
         updated = {s: util.GlobalLoadOp(t, s).result for s, t in tables.items()}
         for value, result in zip(ret.operands, asig.results):
             symbol, offset, type_ = ranges[result.name]
             size = type_.shape[1] * type_.shape[2]
             flat = tensor.CollapseShapeOp(iree_ir.RankedTensorType.get([size], type_.element_type), value,
                                           _reassociation([[0, 1]])).result
-            updated[symbol] = tensor.InsertSliceOp(
-                flat, updated[symbol], [row], [], [], [iree_ir.ShapedType.get_dynamic_size(), offset],
-                [1, size], [1, 1]).result
+            start = arith.AddIOp(arith.MulIOp(row, arith.ConstantOp(index_type, size).result).result,
+                                 arith.ConstantOp(index_type, offset).result).result
+            updated[symbol] = tensor.InsertSliceOp(flat, updated[symbol], [start], [], [],
+                                                   [iree_ir.ShapedType.get_dynamic_size()], [size], [1]).result
         for symbol, value in updated.items():
             util.GlobalStoreOp(value, symbol)
         func_d.ReturnOp([])

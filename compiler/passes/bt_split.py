@@ -22,7 +22,8 @@ table argument of @forward (one entry per adapter slot, `bt.table`), which
 
 Arguments of a later stage are, in order: values lifted from static, values
 lifted from adapter, then the model's arguments of that time; each carries
-`bt.name` and `bt.time` (the time it comes from). A static argument used
+`bt.name` and `bt.time` (the time it comes from); an unused static or
+adapter-time argument (an inactive adapter's weights) is dropped. A static argument used
 later as it is (an embedding table) is not routed through @static: the
 later stage names the parameter itself. Constants are cloned into
 each stage that uses them. @static and @adapter are left out when they have
@@ -36,7 +37,7 @@ from torch_mlir.dialects import torch as torch_d
 from stageml.binding_time import BindingTime
 from stageml.compiler.ir import (NAME, TABLE, TIME, arg_attrs, arg_name, const_int,
                                  is_rematerializable, parse_time, set_arg_attr, set_op_time,
-                                 time_attr, value_time)
+                                 time_attr, users, value_time)
 from stageml.compiler.passes import main_func, register
 
 STAGE_FUNCS = {BindingTime.STATIC: "static", BindingTime.ADAPTER: "adapter",
@@ -80,7 +81,8 @@ def _plan(main) -> dict:
     for stage in stages.values():  # lifted values first (static, adapter), then arguments
         stage.inputs = dict(sorted(stage.inputs.items(), key=lambda kv: kv[1][1]))
     for arg in block.arguments:
-        stages[value_time(arg)].inputs[arg_name(main, arg.arg_number)] = (arg, None)
+        if value_time(arg) == BindingTime.DYNAMIC or users(arg):  # unused weights are dropped
+            stages[value_time(arg)].inputs[arg_name(main, arg.arg_number)] = (arg, None)
     return stages
 
 
