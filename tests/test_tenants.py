@@ -335,3 +335,23 @@ def test_threads_loading_unloading_and_serving_stay_correct(linear):
     assert failures == []
     assert served[0] == 240
     assert mod.adapters == ["a", "b", "c"]
+
+
+def test_inactive_adapters_are_not_compiled_in(tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(2)
+    config = LoraConfig(r=2, target_modules=["fc"], init_lora_weights=False)
+    model = get_peft_model(Linear(), config, adapter_name="t0").eval()
+    model.add_adapter("t1", config)  # inactive: its weights are unused by the exported graph
+    art = stageml.compile(model, (torch.randn(2, 64),), dynamic_shapes=({0: Dim("rows")},), max_adapters=2, max_rank=2)
+    inputs = [a["name"] for a in art.manifest("m")["entry_points"]["adapter_factorized"]["inputs"]]
+    assert inputs == ["base_model.model.fc.lora_A.t0.weight", "base_model.model.fc.lora_B.t0.weight"]
+    model.save_pretrained(str(tmp_path))  # t0/ and t1/
+    mod = art.load(str(tmp_path / "out" / "m.vmfb"))
+    mod.load_adapter("t0", str(tmp_path / "t0"))
+    mod.load_adapter("t1", str(tmp_path / "t1"))
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        expected = model(x, adapter_names=["t1", "t0", "__base__", "t1"])
+    assert rel_err(mod.run_batch(x, ["t1", "t0", None, "t1"]), expected) <= 1e-4
