@@ -177,13 +177,13 @@ def bench_workload(title, make, args, rows_out, loads_out):
             print(f"[{label}] rel. err vs PEFT: " + ", ".join(f"{k} {v:.1e}" for k, v in errors.items()), flush=True)
             if not worst <= MAX_REL_ERR:
                 sys.exit(f"StageML's output differs from PEFT's on {title} [{label}]: rel. err {worst:.2e}")
-            forms = sorted({s["form"] for s in mods["policy"].stats()["adapters"].values()
-                            if s["requests"]} or {"-"})
+            merged = mods["policy"].stats()["adapters"][tenants[0]]["form"] == "merged"
+            path = "@forward (merged)" if distinct == 1 and merged else "@forward_factorized"
             with torch.no_grad():
                 t, others = timed(fns, args, label)
-            rows_out.append((title.split()[0], label, t, worst, others, "/".join(forms)))
+            rows_out.append((title.split()[0], label, t, worst, others, path))
             print(f"[{label}] " + "  ".join(f"{k} {v * 1e3:.2f} ms" for k, v in t.items())
-                  + f"; policy served {'/'.join(forms)}; others used {fmt_pct(others)} of the CPUs", flush=True)
+                  + f"; the policy's call: {path}; others used {fmt_pct(others)} of the CPUs", flush=True)
 
 
 def fmt(t, key, unit=1e3):
@@ -210,12 +210,12 @@ def main():
     print("\n## Results (ms: median per call of a 32-row batch; x: PEFT loop time / that time, > 1 means faster)\n")
     keys = ["peft loop", "bgmv einsum", "base", "merged", "factorized", "policy", "per-tenant"]
     print("| model | batch | " + " | ".join(f"{k} ms" for k in keys) + " | factorized x | policy x "
-          "| policy / base | policy served | rel. err | others' CPU |")
+          "| policy / base | policy's call | rel. err | others' CPU |")
     print("|---|---|" + "---:|" * (len(keys) + 6))
-    for model, label, t, err, others, forms in rows:
+    for model, label, t, err, others, path in rows:
         print(f"| {model} | {label} | " + " | ".join(fmt(t, k) for k in keys)
               + f" | {t['peft loop'] / t['factorized']:.2f}x | {t['peft loop'] / t['policy']:.2f}x"
-              + f" | {t['policy'] / t['base']:.2f}x | {forms} | {err:.1e} | {fmt_pct(others)} |")
+              + f" | {t['policy'] / t['base']:.2f}x | {path} | {err:.1e} | {fmt_pct(others)} |")
     print("\n## Adapter load time and bytes held per tenant\n")
     print("| model | policy | load_adapter ms | MiB held per tenant |")
     print("|---|---|---:|---:|")

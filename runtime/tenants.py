@@ -140,14 +140,15 @@ class TenantModule(ResidualModule):
             self._evict(self._adapters[min(resident)[1]])
         slot = self._free.pop()
         try:
-            self._module.adapter_factorized(*self._input_arrays(adapter), slot)
+            self._module.adapter_factorized(*self._arguments("adapter_factorized", adapter), slot)
         except Exception as e:
             self._free.append(slot)
             raise AdapterError(f"writing the adapter into slot {slot} failed ({e}): check its tensors") from None
         adapter.slot = slot
 
-    def _input_arrays(self, adapter) -> list:
-        return [adapter.inputs[s["name"]] for s in self.manifest["entry_points"]["adapter_factorized"]["inputs"]]
+    def _arguments(self, entry_point: str, adapter: _Adapter) -> list:
+        """`adapter`'s prepared inputs in the order `entry_point` takes them."""
+        return [adapter.inputs[s["name"]] for s in self.manifest["entry_points"][entry_point]["inputs"]]
 
     def _evict(self, adapter: _Adapter) -> None:
         if adapter.slot is not None:
@@ -182,8 +183,7 @@ class TenantModule(ResidualModule):
             forms = {n: self._policy for n in resident}
         for name, adapter in resident.items():
             if forms[name] == "merged" and adapter.merged is None:
-                adapter.merged = self._run_adapter([adapter.inputs[s["name"]] for s in
-                                                    self.manifest["entry_points"]["adapter"]["inputs"]])
+                adapter.merged = self._run_adapter(self._arguments("adapter", adapter))
             elif forms[name] == "factorized":
                 adapter.merged = None
             adapter.requests /= 2  # recent traffic counts most
