@@ -31,14 +31,12 @@ calls (from the PEFT directory); bytes held per tenant come from stats().
 """
 
 import argparse
-import copy
 import os
 import statistics
 import sys
 import tempfile
 import time
 
-import numpy as np
 import torch
 from torch import nn
 
