@@ -6,7 +6,9 @@
 // arguments of that time; each lift of a computed value is a result of the
 // earlier stage with the same bt.name, while a static argument used as it is
 // (fc.weight, returned below) is not routed through @static. Constants are
-// cloned into every stage that uses them.
+// cloned into every stage that uses them. An unused weight (an inactive
+// adapter's) is dropped; an unused request input stays, so that callers pass
+// the inputs the model declares.
 
 // CHECK-NOT:   func.func @main
 // CHECK-LABEL: func.func @static
@@ -29,7 +31,8 @@
 // CHECK-SAME:    (%arg0: !torch.vtensor<[8,4],f32> {bt.name = "static.0", bt.time = #bt.time<"static">},
 // CHECK-SAME:     %arg1: !torch.vtensor<[4,8],f32> {bt.name = "fc.weight", bt.time = #bt.time<"static">},
 // CHECK-SAME:     %arg2: !torch.vtensor<[8,4],f32> {bt.name = "adapter.0", bt.time = #bt.time<"adapter">},
-// CHECK-SAME:     %arg3: !torch.vtensor<[?,8],f32> {bt.name = "x", bt.time = #bt.time<"dynamic">})
+// CHECK-SAME:     %arg3: !torch.vtensor<[?,8],f32> {bt.name = "x", bt.time = #bt.time<"dynamic">},
+// CHECK-SAME:     %arg4: !torch.vtensor<[?,8],f32> {bt.name = "unused_input", bt.time = #bt.time<"dynamic">})
 // CHECK-SAME:    -> (!torch.vtensor<[?,4],f32>, !torch.vtensor<[?,4],f32>, !torch.vtensor<[4,8],f32>)
 // CHECK-NOT:     transpose
 // CHECK:         %[[Y0:[0-9]+]] = torch.aten.matmul %arg3, %arg0 {bt.time = #bt.time<"dynamic">}
@@ -51,7 +54,7 @@
 // NOADAPTER-SAME:    %arg2: !torch.vtensor<[4,8],f32> {bt.name = "fc.weight", bt.time = #bt.time<"static">}
 // NOADAPTER-SAME:    %arg3: !torch.vtensor<[?,8],f32> {bt.name = "x", bt.time = #bt.time<"dynamic">}
 // NOADAPTER-NOT:   func.func @adapter
-func.func @main(%arg0: !torch.vtensor<[4,8],f32> {bt.name = "fc.weight"}, %arg1: !torch.vtensor<[4,8],f32> {bt.name = "fc.delta"}, %arg2: !torch.vtensor<[?,8],f32> {bt.name = "x"}) -> (!torch.vtensor<[?,4],f32>, !torch.vtensor<[?,4],f32>, !torch.vtensor<[4,8],f32>) {
+func.func @main(%arg0: !torch.vtensor<[4,8],f32> {bt.name = "fc.weight"}, %arg1: !torch.vtensor<[4,8],f32> {bt.name = "fc.delta"}, %arg2: !torch.vtensor<[?,8],f32> {bt.name = "x"}, %arg3: !torch.vtensor<[2,8],f32> {bt.name = "fc.lora_A.inactive.weight"}, %arg4: !torch.vtensor<[?,8],f32> {bt.name = "unused_input"}) -> (!torch.vtensor<[?,4],f32>, !torch.vtensor<[?,4],f32>, !torch.vtensor<[4,8],f32>) {
   %int0 = torch.constant.int 0
   %int1 = torch.constant.int 1
   %0 = torch.aten.transpose.int %arg0, %int0, %int1 : !torch.vtensor<[4,8],f32>, !torch.int, !torch.int -> !torch.vtensor<[8,4],f32>
