@@ -26,6 +26,7 @@ from torch_mlir import ir
 from torch_mlir.compiler_utils import run_pipeline_with_repro_report
 
 from stageml.binding_time import BindingTime
+from stageml.compiler.fuse_gathers import fuse_gathers
 from stageml.compiler.pack_weights import pack_weights
 from stageml.compiler.ir import NAME, TABLE, TIME, Diagnostics, arg_attrs, parse_time, vtensor_shape
 from stageml.compiler.passes.bt_split import STAGE_FUNCS
@@ -196,6 +197,7 @@ def residual_module(linalg: str, sigs: dict, slots: int = 0) -> str:
                         _use_parameters(module, func, sig, parameters)
                 if suffix:
                     _use_tables(module, forward, adapter, fsig, asig, slots)
+                    fuse_gathers(forward)
                 state = {} if suffix or asig is None else {
                     i: [r.name for r in asig.results].index(a.name)
                     for i, a in enumerate(a for a in fsig.args if a.time != "static") if a.time == "adapter"}

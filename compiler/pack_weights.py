@@ -39,7 +39,7 @@ def _defining_op(value):
     return None if isinstance(owner, ir.Block) else owner.operation
 
 
-def _is_zero_fill(value) -> bool:
+def is_zero_fill(value) -> bool:
     fill = _defining_op(value)
     if fill is None or fill.name != "linalg.fill":
         return False
@@ -81,7 +81,7 @@ def _packable_products(value) -> list:
         return []
     users = [use.owner for use in value.uses]
     if users and all(u.name == "linalg.matmul" and u.operands[1] == value and u.operands[0] != value
-                     and _is_zero_fill(u.operands[2]) for u in users):
+                     and is_zero_fill(u.operands[2]) for u in users):
         return users
     return []
 

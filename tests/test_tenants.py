@@ -139,7 +139,8 @@ def linear(tmp_path_factory):
                           max_adapters=2, max_rank=8)
     weight = model.base_model.model.fc.base_layer.weight.detach().numpy()
     bias = model.base_model.model.fc.base_layer.bias.detach().numpy()
-    return {"path": art.save(str(tmp_path_factory.mktemp("linear") / "linear.vmfb")), "weight": weight, "bias": bias}
+    return {"path": art.save(str(tmp_path_factory.mktemp("linear") / "linear.vmfb")), "weight": weight, "bias": bias,
+            "iree": art.mlir["iree"]}
 
 
 def _factors(seed, rank=4):
@@ -160,6 +161,15 @@ def _check_rows(mod, linear, adapters, names):
     for i, name in enumerate(names):
         expected = _expect(linear, None if name is None else adapters[name], x[i:i + 1])
         assert rel_err(y[i:i + 1], expected) <= 1e-4, (i, name)
+
+
+def test_per_row_products_read_the_tables_directly(linear):
+    # fuse-gathers: no batch_matmul against a gathered copy of the factors; a
+    # reduction generic extracts each row's factor from the table.
+    forward = linear["iree"].split("func.func @forward_factorized")[1]
+    assert "linalg.batch_matmul" not in forward
+    assert forward.count('"parallel", "parallel", "parallel", "reduction"') == 2
+    assert forward.count("tensor.extract %") == 2
 
 
 def test_rows_see_only_their_adapter_through_unload_reload_and_slot_reuse(linear):

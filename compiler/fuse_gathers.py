@@ -1,0 +1,94 @@
+"""fuse-gathers: a per-row product reads each row's matrix straight from its
+slot table (BGMV-style), instead of first copying every row's matrix out.
+
+torch-mlir lowers @forward_factorized's `index_select(table, ids)` to a
+gather generic and the per-row product to a batch_matmul; IREE keeps them
+in separate dispatches, so the gathered [B,K,N] would be written to memory
+and read back on every call. On the IREE input (linalg on tensors):
+
+    %g = linalg.generic ins(%ids : B) outs(%e : BxKxN) {    // g[b,k,n] = table[ids[b],k,n]
+           %w = tensor.extract %table[index_cast(%id), linalg.index 1, linalg.index 2] ...}
+    %y = linalg.batch_matmul ins(%x, %g : BxMxK, BxKxN) outs(%zero : BxMxN)
+  → %y = linalg.generic {(b, m, n, k) : x(b,m,k), ids(b) → y(b,m,n), k a reduction}
+           ins(%x, %ids) outs(%zero) {
+           %w = tensor.extract %table[index_cast(%id), linalg.index 3, linalg.index 2]
+           linalg.yield %acc + %x * %w }
+
+The table's innermost dimension is the innermost parallel loop, so each
+row's matrix is read contiguously. f32 only; other element types are left
+as they are.
+"""
+
+from iree.compiler import ir
+from iree.compiler.dialects import arith, linalg, tensor
+
+from stageml.compiler.pack_weights import is_zero_fill
+
+_GATHER_BODY = ["arith.index_cast", "linalg.index", "linalg.index", "tensor.extract", "linalg.yield"]
+
+
+def _gather(value):
+    """(table, ids) when `value` is torch-mlir's gather of table rows by ids, else None."""
+    op = value.owner
+    if isinstance(op, ir.Block) or op.operation.name != "linalg.generic":
+        return None
+    generic = op.opview
+    if len(generic.inputs) != 1 or len(generic.outputs) != 1:
+        return None
+    body = list(generic.regions[0].blocks[0].operations)
+    if [o.operation.name for o in body] != _GATHER_BODY:
+        return None
+    cast, first, second, extract = (o.operation for o in body[:4])
+    dims = [ir.IntegerAttr(o.attributes["dim"]).value for o in (first, second)]
+    if (dims != [1, 2] or list(extract.operands)[1:] != [cast.results[0], first.results[0], second.results[0]]
+            or cast.operands[0] != generic.regions[0].blocks[0].arguments[0]
+            or body[4].operation.operands[0] != extract.results[0]):
+        return None
+    table = extract.operands[0]
+    if isinstance(table.owner, ir.Block) and table.owner == generic.regions[0].blocks[0]:
+        return None
+    return table, generic.inputs[0]
+
+
+def _maps() -> ir.ArrayAttr:
+    d = [ir.AffineDimExpr.get(i) for i in range(4)]  # b, m, n, k
+    return ir.ArrayAttr.get([ir.AffineMapAttr.get(ir.AffineMap.get(4, 0, exprs))
+                             for exprs in ([d[0], d[1], d[3]], [d[0]], [d[0], d[1], d[2]])])
+
+
+def _fused(matmul, table, ids) -> ir.Value:
+    x, _, acc = matmul.operands
+    iterators = ir.ArrayAttr.get([ir.Attribute.parse(f"#linalg.iterator_type<{t}>")
+                                  for t in ("parallel", "parallel", "parallel", "reduction")])
+    element = ir.RankedTensorType(acc.type).element_type
+    generic = linalg.GenericOp([acc.type], [x, ids], [acc], _maps(), iterators)
+    block = generic.regions[0].blocks.append(element, ir.RankedTensorType(ids.type).element_type, element)
+    with ir.InsertionPoint(block):
+        row = arith.IndexCastOp(ir.IndexType.get(), block.arguments[1]).result
+        n, k = linalg.IndexOp(2).result, linalg.IndexOp(3).result
+        weight = tensor.ExtractOp(table, [row, k, n]).result
+        product = arith.MulFOp(block.arguments[0], weight).result
+        linalg.YieldOp([arith.AddFOp(block.arguments[2], product).result])
+    return generic.results[0]
+
+
+def fuse_gathers(func) -> int:
+    """Rewrites `func`'s batch_matmuls against gathered tables; returns how many."""
+    fused, gathers = 0, set()
+    for op in list(func.regions[0].blocks[0].operations):
+        op = op.operation
+        if op.name != "linalg.batch_matmul":
+            continue
+        found = _gather(op.operands[1])
+        element = ir.RankedTensorType(op.results[0].type).element_type
+        if found is None or not is_zero_fill(op.operands[2]) or str(element) != "f32":
+            continue
+        with ir.InsertionPoint(op), op.location:
+            op.results[0].replace_all_uses_with(_fused(op, *found))
+        gathers.add(op.operands[1].owner)
+        op.erase()
+        fused += 1
+    for gather in gathers:
+        if all(len(list(r.uses)) == 0 for r in gather.results):
+            gather.erase()
+    return fused
