@@ -29,10 +29,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUIET = 0.10  # other processes' CPU share below which a timing counts as clean
 
 
-def add_timing_options(parser) -> None:
+def add_timing_options(parser, iters: int = 12, rounds: int = 4) -> None:
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls per block (default 5)")
-    parser.add_argument("--iters", type=int, default=12, help="timed calls per block (default 12)")
-    parser.add_argument("--rounds", type=int, default=4, help="blocks per implementation (default 4)")
+    parser.add_argument("--iters", type=int, default=iters, help=f"timed calls per block (default {iters})")
+    parser.add_argument("--rounds", type=int, default=rounds, help=f"blocks per implementation (default {rounds})")
     parser.add_argument("--wait-quiet", type=float, default=120, metavar="S",
                         help="before timing each input, wait up to S seconds for other processes to "
                              "leave the CPUs (< 10%% used); default 120")

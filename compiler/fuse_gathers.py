@@ -17,7 +17,7 @@ and read back on every call. On the IREE input (linalg on tensors):
 Only for one token per row (M = 1, a batched GEMV): there each row's
 matrix is used once, so the copy doubles the traffic. With M > 1 tokens per
 row the copy is reused M times and the batch_matmul, which IREE tiles
-well, is faster (measured: the fused form took 2x longer on the 16-token
+well, is faster (measured: the fused form took 1.3-1.9x longer on the 16-token
 rows of the benchmark's Llama). f32 only.
 """
 
