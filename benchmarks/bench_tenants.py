@@ -190,7 +190,7 @@ def fmt(t, key, unit=1e3):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_timing_options(parser, iters=6, rounds=8)  # short blocks: this machine's speed changes between them
+    add_timing_options(parser)
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     torch.set_num_threads(cores)

@@ -4,7 +4,11 @@ Timing: every implementation runs in one process, one after another, in
 blocks: a block is `warmup` untimed calls then `iters` calls each timed with
 time.perf_counter; `rounds` blocks per implementation, the order of
 implementations reversed every other round (so slow drift hits all alike);
-the reported time is the median of all rounds*iters timed calls. Blocks, not
+the reported time is the median of all rounds*iters timed calls. Short
+blocks (6 calls), many of them (8): this machine's speed for the same
+compute-bound call switches between two levels about 2x apart from one block
+to the next (seen with 1 or 2 IREE workers and with PyTorch alike), and
+more, shorter blocks keep one slow stretch from deciding a row. Blocks, not
 call-by-call interleaving, because IREE's worker threads and PyTorch's OpenMP
 threads both spin briefly after a call and would steal the cores from each
 other.
@@ -29,7 +33,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUIET = 0.10  # other processes' CPU share below which a timing counts as clean
 
 
-def add_timing_options(parser, iters: int = 12, rounds: int = 4) -> None:
+def add_timing_options(parser, iters: int = 6, rounds: int = 8) -> None:
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls per block (default 5)")
     parser.add_argument("--iters", type=int, default=iters, help=f"timed calls per block (default {iters})")
     parser.add_argument("--rounds", type=int, default=rounds, help=f"blocks per implementation (default {rounds})")
