@@ -30,10 +30,10 @@ import tempfile
 import time
 
 import torch
-from torch import nn
 
 import stageml
-from harness import add_timing_options, fmt_pct, loadavg, print_machine, rel_err, timed
+from harness import add_timing_options, fmt_ms, fmt_pct, loadavg, rel_err, start, timed
+from workloads import LINEAR_LORA, LLAMA_LORA, Linear4096, Logits, small_llama
 from stageml.compiler import lowering
 
 MAX_REL_ERR = 1e-4
@@ -58,28 +58,9 @@ def try_torch_compile(model, inputs: list):
 # ----------------------------------------------------------------------------- models
 
 
-class LoraLinear(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4096, 4096, bias=False)
-
-    def forward(self, x):
-        return self.fc(x)
-
-
-class Logits(nn.Module):
-    def __init__(self, m):
-        super().__init__()
-        self.m = m
-
-    def forward(self, ids):
-        return self.m(input_ids=ids, use_cache=False).logits
-
-
 def lora_linear():
     from peft import LoraConfig, get_peft_model
-    model = get_peft_model(LoraLinear(), LoraConfig(r=16, lora_alpha=32, target_modules=["fc"],
-                                                    init_lora_weights=False)).eval()
+    model = get_peft_model(Linear4096(), LoraConfig(**LINEAR_LORA)).eval()
     merged = copy.deepcopy(model).merge_and_unload().eval()
     tokens = torch.export.Dim("tokens", max=4096)
     # PeftModel.forward(*args, **kwargs): dynamic shapes are given for "args".
@@ -89,14 +70,9 @@ def lora_linear():
     return model, merged, example, spec, cases
 
 
-def small_llama():
+def peft_llama():
     from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    peft_model = get_peft_model(LlamaForCausalLM(config).eval(),
-                                LoraConfig(r=8, target_modules=["q_proj", "v_proj", "o_proj", "gate_proj"],
-                                           init_lora_weights=False)).eval()
+    peft_model = get_peft_model(small_llama(), LoraConfig(**LLAMA_LORA)).eval()
     model = Logits(peft_model).eval()
     merged = Logits(copy.deepcopy(peft_model).merge_and_unload()).eval()
     spec = {"ids": {0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("seq", max=127)}}
@@ -155,28 +131,18 @@ def fmt_ratio(t, base):
     return f"{t['stageml'] / t[base]:.2f}x" if base in t else "n/a"
 
 
-def fmt_ms(t, key):
-    return f"{t[key] * 1e3:.2f}" if key in t else "n/a"
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_timing_options(parser)
     args = parser.parse_args()
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    torch.set_num_threads(cores)
-    torch.manual_seed(0)
-
-    print_machine("StageML CPU benchmark", args, cores, [
-        f"threads     torch.set_num_threads({cores}); IREE device local-task (its default worker pool)",
-        f"IREE flags  {' '.join(lowering.CPU_FLAGS)}"])
+    start("StageML CPU benchmark", args, [f"IREE flags  {' '.join(lowering.CPU_FLAGS)}"])
 
     rows, notes = [], []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="stageml-bench-") as workdir:
         bench_workload("lora-linear 4096x4096 r=16", lora_linear, workdir, args, rows, notes)
-        bench_workload("llama 2 layers hidden 128 r=8", small_llama, workdir, args, rows, notes)
+        bench_workload("llama 2 layers hidden 128 r=8", peft_llama, workdir, args, rows, notes)
 
     print(f"\nloadavg     {loadavg()} (end); total {time.perf_counter() - started:.0f} s")
     print("\n## Results (ms: median per call; ratio = StageML time / baseline time, < 1 means StageML is faster)\n")

@@ -38,10 +38,10 @@ import tempfile
 import time
 
 import torch
-from torch import nn
 
 import stageml
-from harness import add_timing_options, fmt_pct, loadavg, print_machine, rel_err, timed
+from harness import add_timing_options, fmt_ms, fmt_pct, loadavg, rel_err, start, timed
+from workloads import LINEAR_LORA, LLAMA_LORA, Linear4096, Logits, small_llama
 
 TENANTS = 32
 ROWS = 32
@@ -49,39 +49,16 @@ MAX_REL_ERR = 1e-4
 MERGED_IN_BUDGET = 4
 
 
-class Linear(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4096, 4096, bias=False)
-
-    def forward(self, x):
-        return self.fc(x)
-
-
-class Logits(nn.Module):
-    def __init__(self, m):
-        super().__init__()
-        self.m = m
-
-    def forward(self, ids):
-        return self.m(input_ids=ids, use_cache=False).logits
-
-
 def lora_linear():
     from peft import LoraConfig
-    config = LoraConfig(r=16, lora_alpha=32, target_modules=["fc"], init_lora_weights=False)
     spec = {"args": ({0: torch.export.Dim("rows", max=4096)},)}
-    return Linear(), config, spec, lambda: torch.randn(ROWS, 4096)
+    return Linear4096(), LoraConfig(**LINEAR_LORA), spec, lambda: torch.randn(ROWS, 4096)
 
 
-def small_llama():
+def llama():
     from peft import LoraConfig
-    from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    lora = LoraConfig(r=8, target_modules=["q_proj", "v_proj", "o_proj", "gate_proj"], init_lora_weights=False)
     spec = {"ids": {0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("seq", max=127)}}
-    return LlamaForCausalLM(config).eval(), lora, spec, lambda: torch.randint(0, 128, (ROWS, 16))
+    return small_llama(), LoraConfig(**LLAMA_LORA), spec, lambda: torch.randint(0, 128, (ROWS, 16))
 
 
 def build(base, lora, workdir):
@@ -184,25 +161,17 @@ def bench_workload(title, make, args, rows_out, loads_out):
                   + f"; the policy's call: {path}; others used {fmt_pct(others)} of the CPUs", flush=True)
 
 
-def fmt(t, key, unit=1e3):
-    return f"{t[key] * unit:.2f}" if key in t else "n/a"
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_timing_options(parser)
     args = parser.parse_args()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    torch.set_num_threads(cores)
-    torch.manual_seed(0)
-    print_machine("StageML multi-tenant benchmark", args, cores, [
-        f"threads     torch.set_num_threads({cores}); IREE device local-task (its default worker pool)",
-        f"batches     {ROWS} rows, {TENANTS} adapters loaded, 1 / 4 / {TENANTS} distinct tenants per batch"])
+    start("StageML multi-tenant benchmark", args,
+          [f"batches     {ROWS} rows, {TENANTS} adapters loaded, 1 / 4 / {TENANTS} distinct tenants per batch"])
 
     rows, loads = [], []
     started = time.perf_counter()
     bench_workload("lora-linear 4096x4096 r=16", lora_linear, args, rows, loads)
-    bench_workload("llama 2 layers hidden 128 r=8", small_llama, args, rows, loads)
+    bench_workload("llama 2 layers hidden 128 r=8", llama, args, rows, loads)
     print(f"\nloadavg     {loadavg()} (end); total {time.perf_counter() - started:.0f} s")
 
     print("\n## Results (ms: median per call of a 32-row batch; x: PEFT loop time / that time, > 1 means faster)\n")
@@ -211,7 +180,7 @@ def main():
           "| policy / base | policy's call | rel. err | others' CPU |")
     print("|---|---|" + "---:|" * (len(keys) + 6))
     for model, label, t, err, others, path in rows:
-        print(f"| {model} | {label} | " + " | ".join(fmt(t, k) for k in keys)
+        print(f"| {model} | {label} | " + " | ".join(fmt_ms(t, k) for k in keys)
               + f" | {t['peft loop'] / t['factorized']:.2f}x | {t['peft loop'] / t['policy']:.2f}x"
               + f" | {t['policy'] / t['base']:.2f}x | {path} | {err:.1e} | {fmt_pct(others)} |")
     print("\n## Adapter load time and bytes held per tenant\n")

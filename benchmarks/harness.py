@@ -45,6 +45,17 @@ def add_timing_options(parser, iters: int = 6, rounds: int = 8) -> None:
                              "of the CPUs meanwhile; the least disturbed timing is kept; default 3")
 
 
+def start(title: str, args, extra=()) -> int:
+    """Sets PyTorch's threads to the core count, seeds, prints the machine; returns the core count."""
+    import torch
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    torch.set_num_threads(cores)
+    torch.manual_seed(0)
+    print_machine(title, args, cores, [
+        f"threads     torch.set_num_threads({cores}); IREE device local-task (its default worker pool)", *extra])
+    return cores
+
+
 def print_machine(title: str, args, cores: int, extra=()) -> None:
     print(f"# {title}")
     print(f"date        {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
@@ -194,3 +205,7 @@ def timed(fns: dict, args, label: str):
 
 def fmt_pct(x):
     return "n/a" if x is None else f"{x:.0%}"
+
+
+def fmt_ms(t: dict, key: str) -> str:
+    return f"{t[key] * 1e3:.2f}" if key in t else "n/a"
