@@ -125,6 +125,9 @@ def compile(model, args=None, *, stages=None, dynamic_shapes=None, target="cpu",
         raise CompileError(f"unknown target {target!r}: choose one of {', '.join(TARGETS)}")
     if max_adapters is not None and (int(max_adapters) < 1 or int(max_rank) < 1):
         raise CompileError(f"max_adapters ({max_adapters}) and max_rank ({max_rank}) must be at least 1")
+    if max_adapters is not None and not merge_lora:
+        raise CompileError("a multi-tenant residual holds both forms and chooses per adapter when serving: "
+                           "drop --no-lora-merge (merge_lora=False) and load with policy='factorized' instead")
     art = Artifact()
     started = time.perf_counter()
 

@@ -122,3 +122,19 @@ def test_unsupported_op_names_stage_and_op():
     with pytest.raises(stageml.StageMLError, match=r"stage @forward failed to lower to linalg: "
                                                    r"failed to legalize operation 'torch.aten.linalg_qr'"):
         stageml.compile(QR(), (torch.randn(4, 4),))
+
+
+def test_multi_tenant_compile_of_a_model_without_lora(mlp_artifact):
+    root, _ = mlp_artifact
+    line = _cli_error(str(root / "mlp.pt2"), "-o", str(root / "t.vmfb"), "--max-adapters", "4", "-q")
+    assert "the model has no LoRA site" in line and "compile a PEFT LoRA model" in line
+    line = _cli_error(str(root / "mlp.pt2"), "-o", str(root / "t.vmfb"), "--max-adapters", "4", "--no-lora-merge")
+    assert "drop --no-lora-merge" in line
+    line = _cli_error(str(root / "mlp.pt2"), "-o", str(root / "t.vmfb"), "--max-adapters", "0")
+    assert "max_adapters (0) and max_rank (16) must be at least 1" in line
+
+
+def test_serving_options_need_a_multi_tenant_residual(mlp_artifact):
+    _, path = mlp_artifact
+    with pytest.raises(stageml.StageMLError, match="policy apply to multi-tenant residuals only: compile with max_adapters"):
+        stageml.load(path, policy="merged")
