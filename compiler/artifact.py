@@ -8,7 +8,7 @@ import numpy as np
 from iree import runtime as iree_rt
 
 from stageml.compiler.lowering import PARAMETER_SCOPE
-from stageml.runtime.module import FORMAT
+from stageml.runtime.module import FORMAT, numpy_dtype
 
 DEFAULT_ADAPTER = "default_adapter/"
 
@@ -75,10 +75,12 @@ class Artifact:
         stem = name[:-5] if name.endswith(".vmfb") else name
         os.makedirs(directory, exist_ok=True)
         index = iree_rt.ParameterIndex()
-        for key, value in self.parameters.items():
-            iree_rt.parameter_index_add_numpy_ndarray(index, key, np.ascontiguousarray(value))
-        for key, value in self.default_adapter.items():
-            iree_rt.parameter_index_add_numpy_ndarray(index, DEFAULT_ADAPTER + key, np.ascontiguousarray(value))
+        entries = {**self.parameters, **{DEFAULT_ADAPTER + k: v for k, v in self.default_adapter.items()}}
+        for key, value in entries.items():
+            value = np.ascontiguousarray(value)
+            if value.dtype == numpy_dtype("bfloat16"):  # IREE's archive writer has no bfloat16: same bits
+                value = value.view(np.uint16)
+            iree_rt.parameter_index_add_numpy_ndarray(index, key, value)
         index.create_archive_file(os.path.join(directory, stem + ".irpa"))
         with open(os.path.join(directory, stem + ".vmfb"), "wb") as f:
             f.write(self.vmfb)

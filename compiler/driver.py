@@ -36,6 +36,7 @@ from stageml.compiler.partial_eval import evaluate_static
 from stageml.compiler.passes import PassOptions, main_func, run_passes
 from stageml.compiler.report import Report
 from stageml.errors import CompileError
+from stageml.runtime.module import as_numpy
 
 STAGES = {"torch": ".torch.mlir", "bt": ".bt.mlir", "split": ".split.mlir",
           "linalg": ".linalg.mlir", "iree": ".iree.mlir", "vmfb": ".vmfb"}
@@ -104,7 +105,7 @@ def _share_folded(folded: dict, sigs: dict) -> dict:
     earlier one is renamed to it in `sigs`. Returns the values kept."""
     kept, by_content, renamed = {}, {}, {}
     for name, value in folded.items():
-        key = (value.dtype.str, value.shape, hashlib.blake2b(np.ascontiguousarray(value).data).digest())
+        key = (value.dtype.str, value.shape, hashlib.blake2b(np.ascontiguousarray(value).view(np.uint8).data).digest())
         if key in by_content:
             renamed[name] = by_content[key]
         else:
@@ -177,9 +178,9 @@ def compile(model, args=None, *, stages=None, dynamic_shapes=None, target="cpu",
     art.vmfb = lowering.compile_cpu(residual, "residual")
     used = [a for sig in sigs.values() if lowering.stage_time(sig.stage) != BindingTime.STATIC
             for a in sig.args if a.time == "static"]
-    art.parameters = {**{a.name: imported.weights[a.name].numpy() for a in used if a.name not in folded}, **folded}
+    art.parameters = {**{a.name: as_numpy(imported.weights[a.name]) for a in used if a.name not in folded}, **folded}
     if max_adapters is None and "adapter" in sigs:
-        art.default_adapter = {a.name: imported.weights[a.name].numpy()
+        art.default_adapter = {a.name: as_numpy(imported.weights[a.name])
                                for a in sigs["adapter"].args if a.time == "adapter"}
     if max_adapters is not None:
         art.tenants = {"max_adapters": int(max_adapters), "max_rank": int(max_rank), "sites": options.sites}

@@ -18,7 +18,8 @@ Only for one token per row (M = 1, a batched GEMV): there each row's
 matrix is used once, so the copy doubles the traffic. With M > 1 tokens per
 row the copy is reused M times and the batch_matmul, which IREE tiles
 well, is faster (measured: the fused form took 1.3-1.9x longer on the 16-token
-rows of the benchmark's Llama). f32 only.
+rows of the benchmark's Llama). Accumulates in f32, as torch-mlir's own
+f16 / bf16 products do.
 """
 
 from iree.compiler import ir
@@ -58,18 +59,25 @@ def _maps() -> ir.ArrayAttr:
                              for exprs in ([d[0], d[1], d[3]], [d[0]], [d[0], d[1], d[2]])])
 
 
+def _element(value) -> ir.Type:
+    return ir.RankedTensorType(value.type).element_type
+
+
 def _fused(matmul, table, ids) -> ir.Value:
     x, _, acc = matmul.operands
     iterators = ir.ArrayAttr.get([ir.Attribute.parse(f"#linalg.iterator_type<{t}>")
                                   for t in ("parallel", "parallel", "parallel", "reduction")])
-    element = ir.RankedTensorType(acc.type).element_type
     generic = linalg.GenericOp([acc.type], [x, ids], [acc], _maps(), iterators)
-    block = generic.regions[0].blocks.append(element, ir.RankedTensorType(ids.type).element_type, element)
+    block = generic.regions[0].blocks.append(_element(x), _element(ids), _element(acc))
+
+    def widened(value):  # f16 / bf16 operands accumulate in the accumulator's type
+        return value if value.type == _element(acc) else arith.ExtFOp(_element(acc), value).result
+
     with ir.InsertionPoint(block):
         row = arith.IndexCastOp(ir.IndexType.get(), block.arguments[1]).result
         n, k = linalg.IndexOp(2).result, linalg.IndexOp(3).result
-        weight = tensor.ExtractOp(table, [row, k, n]).result
-        product = arith.MulFOp(block.arguments[0], weight).result
+        weight = widened(tensor.ExtractOp(table, [row, k, n]).result)
+        product = arith.MulFOp(widened(block.arguments[0]), weight).result
         linalg.YieldOp([arith.AddFOp(block.arguments[2], product).result])
     return generic.results[0]
 
@@ -85,7 +93,7 @@ def fuse_gathers(func) -> int:
         result = ir.RankedTensorType(op.results[0].type)
         if (found is None or not is_zero_fill(op.operands[2]) or str(result.element_type) != "f32"
                 or result.is_dynamic_dim(1) or result.shape[1] != 1):
-            continue
+            continue  # f32 accumulation of any float operands, one token per row
         with ir.InsertionPoint(op), op.location:
             op.results[0].replace_all_uses_with(_fused(op, *found))
         gathers.add(op.operands[1].owner)

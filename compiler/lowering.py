@@ -18,7 +18,6 @@ import dataclasses
 import json
 import math
 
-import numpy as np
 from iree import compiler as iree_compiler
 from iree.compiler import ir as iree_ir
 from iree.compiler.dialects import arith, func as func_d, tensor, util
@@ -318,10 +317,3 @@ def compile_cpu(text: str, stage: str, flags=None) -> bytes:
     except iree_compiler.CompilerToolError as e:
         lines = [l for l in str(e).splitlines() if "error:" in l] or ["(no diagnostic)"]
         raise CompileError(f"IREE failed to compile @{stage}: {lines[0].split('error:')[-1].strip()}") from e
-
-
-def numpy_dtype(name: str):
-    if name == "bfloat16":
-        import ml_dtypes
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)

@@ -7,7 +7,8 @@ parameters; nothing folded is ever embedded in IR as text.
 import numpy as np
 from iree import runtime as iree_rt
 
-from stageml.compiler.lowering import compile_cpu, numpy_dtype, static_module
+from stageml.compiler.lowering import compile_cpu, static_module
+from stageml.runtime.module import as_numpy, numpy_dtype
 
 
 def evaluate_static(linalg: str, signature, weights: dict) -> dict:
@@ -15,7 +16,7 @@ def evaluate_static(linalg: str, signature, weights: dict) -> dict:
     vmfb = compile_cpu(static_module(linalg, signature.stage), signature.stage,
                        flags=["--iree-llvmcpu-target-cpu=host"])
     module = iree_rt.load_vm_flatbuffer(vmfb, driver="local-task")
-    args = [np.ascontiguousarray(weights[a.name].numpy().astype(numpy_dtype(a.dtype), copy=False))
+    args = [np.ascontiguousarray(as_numpy(weights[a.name]).astype(numpy_dtype(a.dtype), copy=False))
             for a in signature.args]
     results = getattr(module, signature.stage)(*args)
     if not isinstance(results, (tuple, list)):

@@ -26,14 +26,23 @@ def _read_manifest(vmfb_path: str) -> dict:
     return manifest
 
 
-def _check_input(spec: dict, value) -> np.ndarray:
+def as_numpy(value) -> np.ndarray:
+    """A numpy array of a torch tensor (bfloat16 as ml_dtypes.bfloat16) or array-like."""
     if hasattr(value, "detach"):
-        value = value.detach().cpu().numpy()
-    value = np.asarray(value)
+        import torch
+        value = value.detach().cpu()
+        if value.dtype == torch.bfloat16:  # numpy has no bfloat16: reinterpret the bits
+            return value.view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
+        return value.numpy()
+    return np.asarray(value)
+
+
+def _check_input(spec: dict, value) -> np.ndarray:
+    value = as_numpy(value)
     expected = "[" + ", ".join("?" if d is None else str(d) for d in spec["shape"]) + "] " + spec["dtype"]
     shape_ok = value.ndim == len(spec["shape"]) and all(
         d is None or d == s for d, s in zip(spec["shape"], value.shape))
-    if not shape_ok or value.dtype != np.dtype(spec["dtype"]):
+    if not shape_ok or value.dtype != numpy_dtype(spec["dtype"]):
         raise InputError(f"input {spec['name']!r} has shape {list(value.shape)} {value.dtype}; "
                          f"expected {expected}")
     return np.ascontiguousarray(value)
@@ -44,6 +53,14 @@ def as_outputs(results):
     if isinstance(results, (tuple, list)):
         return tuple(np.asarray(r.to_host()) for r in results)
     return np.asarray(results.to_host())
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a manifest dtype name ("bfloat16" is ml_dtypes')."""
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
 
 
 class ResidualModule:
@@ -90,7 +107,8 @@ class ResidualModule:
         prefix = self.manifest["default_adapter_prefix"]
         specs = self.manifest["entry_points"]["adapter"]["inputs"]
         try:
-            return [iree_rt.parameter_index_entry_as_numpy_ndarray(self._entries[prefix + s["name"]]) for s in specs]
+            return [iree_rt.parameter_index_entry_as_numpy_ndarray(self._entries[prefix + s["name"]])
+                    .view(numpy_dtype(s["dtype"])) for s in specs]
         except Exception:
             raise ArtifactError("the parameter archive lacks the default adapter weights: recompile the model") from None
 

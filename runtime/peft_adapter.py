@@ -21,6 +21,7 @@ import re
 import numpy as np
 
 from stageml.errors import AdapterError
+from stageml.runtime.module import as_numpy
 
 CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 _FACTOR = re.compile(r"^(?P<module>.+)\.(?P<factor>lora_[AB])(\.[^.]+)?\.weight$")
@@ -61,11 +62,7 @@ def read(source, config=None) -> tuple[dict, dict | None]:
     if not isinstance(source, dict):
         raise AdapterError(f"an adapter is a PEFT directory or a dict of tensors, not a {type(source).__name__}: "
                            "pass one of those")
-    tensors = {}
-    for name, value in source.items():
-        if hasattr(value, "detach"):
-            value = value.detach().cpu().numpy()
-        tensors[name] = np.asarray(value)
+    tensors = {name: as_numpy(value) for name, value in source.items()}
     if config is not None and not isinstance(config, dict):
         config = config.to_dict()  # a peft LoraConfig
     return tensors, config

@@ -32,7 +32,7 @@ import numpy as np
 from stageml.errors import AdapterError, InputError
 from stageml.policy import AdapterProfile, LoraSite, plan
 from stageml.runtime import peft_adapter
-from stageml.runtime.module import ResidualModule, as_outputs
+from stageml.runtime.module import ResidualModule, as_outputs, numpy_dtype
 
 POLICIES = ("auto", "merged", "factorized")
 
@@ -147,8 +147,9 @@ class TenantModule(ResidualModule):
         adapter.slot = slot
 
     def _arguments(self, entry_point: str, adapter: _Adapter) -> list:
-        """`adapter`'s prepared inputs in the order `entry_point` takes them."""
-        return [adapter.inputs[s["name"]] for s in self.manifest["entry_points"][entry_point]["inputs"]]
+        """`adapter`'s prepared inputs in the order and element types `entry_point` takes them."""
+        return [adapter.inputs[s["name"]].astype(numpy_dtype(s["dtype"]), copy=False)
+                for s in self.manifest["entry_points"][entry_point]["inputs"]]
 
     def _evict(self, adapter: _Adapter) -> None:
         if adapter.slot is not None:

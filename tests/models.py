@@ -1,5 +1,6 @@
 """Small models the tests compile, built from configs with random weights."""
 
+import numpy as np
 import torch
 
 
@@ -55,6 +56,8 @@ def peft_llama(hidden=64, vocab=128, seed=0) -> torch.nn.Module:
 
 
 def rel_err(actual, expected) -> float:
-    expected = torch.as_tensor(expected).detach().double()
-    actual = torch.as_tensor(actual).double()
+    """||actual - expected|| / ||expected||, in float64 (inputs: torch or numpy, bfloat16 too)."""
+    def as_f64(v):
+        return v.detach().double() if torch.is_tensor(v) else torch.from_numpy(np.asarray(v, dtype=np.float64))
+    actual, expected = as_f64(actual), as_f64(expected)
     return float((actual - expected).norm() / expected.norm())

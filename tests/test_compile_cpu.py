@@ -1,5 +1,6 @@
 """Differential tests: compiled residuals against PyTorch on fresh inputs."""
 
+import pytest
 import torch
 from torch.export import Dim
 
@@ -103,3 +104,17 @@ def test_weight_layout_work_is_hoisted_to_static(tmp_path):
     mod = art.load(str(tmp_path / "layout.vmfb"))
     x = torch.randn(5, 32)
     assert rel_err(mod(x), model(x)) <= 1e-5
+
+
+@pytest.mark.parametrize("dtype, bound", [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
+def test_half_precision_models(tmp_path, dtype, bound):
+    # Products accumulate in f32 (torch-mlir's lowering), as PyTorch's do;
+    # the reference is the same half-precision weights in float64.
+    model = LoraLinear(d_in=256, d_out=64).eval().to(dtype)
+    art = stageml.compile(model, (torch.randn(4, 256).to(dtype),), dynamic_shapes=({0: Dim("b", max=64)},))
+    mod = art.load(str(tmp_path / "half.vmfb"))
+    x = torch.randn(7, 256).to(dtype)
+    y = mod(x)
+    assert str(y.dtype) == str(dtype).split(".")[1]
+    expected = model.double()(x.double())
+    assert rel_err(y, expected) <= bound

@@ -365,3 +365,25 @@ def test_inactive_adapters_are_not_compiled_in(tmp_path):
     with torch.no_grad():
         expected = model(x, adapter_names=["t1", "t0", "__base__", "t1"])
     assert rel_err(mod.run_batch(x, ["t1", "t0", None, "t1"]), expected) <= 1e-4
+
+
+@pytest.mark.parametrize("dtype, bound", [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
+def test_half_precision_tenants(tmp_path, dtype, bound):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(3)
+    model = get_peft_model(Linear(), LoraConfig(r=4, target_modules=["fc"], init_lora_weights=False)).eval().to(dtype)
+    art = stageml.compile(model, (torch.randn(2, 64).to(dtype),), dynamic_shapes=({0: Dim("rows")},),
+                          max_adapters=2, max_rank=8)
+    factors = {k: v for k, v in model.state_dict().items() if "lora_" in k}
+    x = torch.randn(4, 64).to(dtype)
+    with torch.no_grad():
+        wide = copy.deepcopy(model).double()
+        expected = wide(x.double())
+        with wide.disable_adapter():
+            expected[2] = wide(x[2:3].double())[0]
+    for policy in ("merged", "factorized"):
+        mod = art.load(str(tmp_path / f"{policy}.vmfb"), policy=policy)
+        mod.load_adapter("a", factors, config=model.peft_config["default"])
+        assert rel_err(mod.run_batch(x, ["a", "a", None, "a"]), expected) <= bound, policy
+        assert rel_err(mod(x[:2], adapter="a"), expected[:2]) <= bound, policy
