@@ -28,7 +28,8 @@ def compile(model, args=None, *, stages=None, dynamic_shapes=None, target="cpu",
         parameter, buffer and input names; applied after the defaults
         (weights static, PEFT adapter tensors adapter-time, inputs dynamic).
       dynamic_shapes: passed to torch.export (e.g. {"x": {0: Dim("batch")}}).
-      target: "cpu".
+      target: "cpu" (the host CPU) or "cuda" (IREE's CUDA backend, sm_80 PTX
+        that newer GPUs JIT-compile).
       emit: the last stage to run: torch, bt, split, linalg, iree or vmfb.
       dump_dir: a folder that receives every stage's output.
       merge_lora: let bt-improve merge LoRA factors into weights.

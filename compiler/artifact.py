@@ -7,7 +7,7 @@ from importlib import metadata
 import numpy as np
 from iree import runtime as iree_rt
 
-from stageml.compiler.lowering import PARAMETER_SCOPE
+from stageml.compiler.lowering import PARAMETER_SCOPE, TARGETS
 from stageml.runtime.module import FORMAT, numpy_dtype
 
 DEFAULT_ADAPTER = "default_adapter/"
@@ -59,7 +59,8 @@ class Artifact:
             else:
                 entry["state"] = [r.as_dict() for r in sig.results]
             entry_points[name] = entry
-        manifest = {"format": FORMAT, "target": self.target, "vmfb": stem + ".vmfb",
+        manifest = {"format": FORMAT, "target": self.target, "device": TARGETS[self.target].device,
+                    "vmfb": stem + ".vmfb",
                     "parameters": stem + ".irpa", "parameter_scope": PARAMETER_SCOPE,
                     "default_adapter_prefix": DEFAULT_ADAPTER, "entry_points": entry_points,
                     "report": self.report.as_dict(), "versions": _versions()}
@@ -88,7 +89,7 @@ class Artifact:
             json.dump(self.manifest(stem), f, indent=1)
         return os.path.join(directory, stem + ".vmfb")
 
-    def load(self, path: str, device: str = "local-task", **serving):
+    def load(self, path: str, device: str | None = None, **serving):
         """Saves to PATH and loads the result (`stageml.load`)."""
         from stageml.runtime import load
         return load(self.save(path), device=device, **serving)

@@ -49,7 +49,7 @@ FACTORIZED_PIPELINE = ("bt-lift", "bt-verify", "bt-gather", "bt-verify")
 SPLIT_PIPELINE = ("bt-split", "flatten-matmul")
 FACTORIZED = "_factorized"  # the suffix of the factorized program's functions
 
-TARGETS = ("cpu",)
+TARGETS = tuple(lowering.TARGETS)
 
 
 def _count_ops(module) -> dict:
@@ -172,10 +172,11 @@ def compile(model, args=None, *, stages=None, dynamic_shapes=None, target="cpu",
     folded = _share_folded(folded, sigs)
     art.report.folded_values = len(folded)
     art.report.folded_bytes = sum(v.nbytes for v in folded.values())
-    residual = lowering.residual_module(linalg, sigs, slots=max_adapters or 0)
+    residual = lowering.residual_module(linalg, sigs, slots=max_adapters or 0,
+                                        packs_weights=lowering.TARGETS[target].packs_weights)
     if done("iree", residual):
         return art
-    art.vmfb = lowering.compile_cpu(residual, "residual")
+    art.vmfb = lowering.compile_module(residual, "residual", target)
     used = [a for sig in sigs.values() if lowering.stage_time(sig.stage) != BindingTime.STATIC
             for a in sig.args if a.time == "static"]
     art.parameters = {**{a.name: as_numpy(imported.weights[a.name]) for a in used if a.name not in folded}, **folded}

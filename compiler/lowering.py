@@ -44,6 +44,24 @@ CPU_FLAGS = ["--iree-llvmcpu-target-cpu=host", "--iree-opt-data-tiling",
              "--iree-opt-const-eval", "--iree-opt-const-expr-hoisting"]
 
 
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What the residual is compiled for."""
+
+    backend: str            # IREE target backend
+    flags: tuple            # iree-compile flags
+    device: str             # IREE runtime device that runs it
+    packs_weights: bool     # pack_weights' mmt4d layout (tiles for the CPU's vector unit)
+
+
+TARGETS = {
+    "cpu": Target("llvm-cpu", tuple(CPU_FLAGS), "local-task", True),
+    # sm_80 PTX: the newest architecture IREE 3.13 knows below Hopper; the
+    # driver JIT-compiles it for newer GPUs (sm_90 has no target in IREE 3.13).
+    "cuda": Target("cuda", ("--iree-cuda-target=sm_80",), "cuda", False),
+}
+
+
 @dataclasses.dataclass
 class Tensor:
     name: str
@@ -175,10 +193,11 @@ def _retype(func) -> None:
         iree_ir.FunctionType.get([a.type for a in block.arguments], results))
 
 
-def residual_module(linalg: str, sigs: dict, slots: int = 0) -> str:
+def residual_module(linalg: str, sigs: dict, slots: int = 0, packs_weights: bool = True) -> str:
     """The residual as IREE input: the adapter and forward functions of each
     program, reading static values from parameter globals; a factorized
-    program's state in tables of `slots` + 1 entries."""
+    program's state in tables of `slots` + 1 entries; products against
+    weights in pack_weights' layout when `packs_weights`."""
     with _iree_context():
         module = iree_ir.Module.parse(linalg)
         funcs = _funcs(module)
@@ -200,7 +219,8 @@ def residual_module(linalg: str, sigs: dict, slots: int = 0) -> str:
                 state = {} if suffix or asig is None else {
                     i: [r.name for r in asig.results].index(a.name)
                     for i, a in enumerate(a for a in fsig.args if a.time != "static") if a.time == "adapter"}
-                pack_weights(forward, adapter, state)
+                if packs_weights:
+                    pack_weights(forward, adapter, state)
                 for func in (forward, adapter):
                     if func is not None:
                         _retype(func)
@@ -309,11 +329,12 @@ def _tensor_type(t: Tensor, leading: int | None = None) -> iree_ir.Type:
     return iree_ir.RankedTensorType.get(shape, element)
 
 
-def compile_cpu(text: str, stage: str, flags=None) -> bytes:
-    """Compiles IREE input for the host CPU (llvm-cpu); flags default to CPU_FLAGS."""
+def compile_module(text: str, stage: str, target: str = "cpu", flags=None) -> bytes:
+    """Compiles IREE input for TARGETS[target]; flags default to the target's."""
+    backend = TARGETS[target]
     try:
-        return iree_compiler.compile_str(text, target_backends=["llvm-cpu"],
-                                         extra_args=list(CPU_FLAGS if flags is None else flags))
+        return iree_compiler.compile_str(text, target_backends=[backend.backend],
+                                         extra_args=list(backend.flags if flags is None else flags))
     except iree_compiler.CompilerToolError as e:
         lines = [l for l in str(e).splitlines() if "error:" in l] or ["(no diagnostic)"]
         raise CompileError(f"IREE failed to compile @{stage}: {lines[0].split('error:')[-1].strip()}") from e

@@ -7,14 +7,14 @@ parameters; nothing folded is ever embedded in IR as text.
 import numpy as np
 from iree import runtime as iree_rt
 
-from stageml.compiler.lowering import compile_cpu, static_module
+from stageml.compiler.lowering import compile_module, static_module
 from stageml.runtime.module import as_numpy, numpy_dtype
 
 
 def evaluate_static(linalg: str, signature, weights: dict) -> dict:
     """{result name: ndarray} of a @static function, called with the model's weights."""
-    vmfb = compile_cpu(static_module(linalg, signature.stage), signature.stage,
-                       flags=["--iree-llvmcpu-target-cpu=host"])
+    vmfb = compile_module(static_module(linalg, signature.stage), signature.stage,
+                          flags=["--iree-llvmcpu-target-cpu=host"])
     module = iree_rt.load_vm_flatbuffer(vmfb, driver="local-task")
     args = [np.ascontiguousarray(as_numpy(weights[a.name]).astype(numpy_dtype(a.dtype), copy=False))
             for a in signature.args]

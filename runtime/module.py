@@ -70,9 +70,10 @@ class ResidualModule:
     compiled with; its results (the adapter state, on the device) are kept
     and passed to every @forward call."""
 
-    def __init__(self, path: str, device: str = "local-task"):
+    def __init__(self, path: str, device: str | None = None):
         path = os.fspath(path)
         self.manifest = _read_manifest(path)
+        device = device or self.manifest["device"]
         directory = os.path.dirname(os.path.abspath(path))
         vmfb_path = os.path.join(directory, self.manifest["vmfb"])
         irpa_path = os.path.join(directory, self.manifest["parameters"])
@@ -82,7 +83,8 @@ class ResidualModule:
         try:
             self._config = iree_rt.Config(device)
         except Exception:
-            raise ArtifactError(f"IREE device {device!r} is not available: use 'local-task' for the CPU") from None
+            raise ArtifactError(f"IREE device {device!r} is not available here: run this {self.manifest['target']} "
+                                "residual where that device exists, or compile for --target cpu") from None
         self._index = iree_rt.ParameterIndex()
         try:
             self._index.load(irpa_path)
@@ -132,12 +134,13 @@ class ResidualModule:
         return as_outputs(self._module.forward(*self._state, *self._check_inputs(inputs)))
 
 
-def load(path: str, device: str = "local-task", **serving) -> ResidualModule:
+def load(path: str, device: str | None = None, **serving) -> ResidualModule:
     """Loads `residual.vmfb` with its `.irpa` and `.json`.
 
     Args:
       path: the .vmfb stagemlc or Artifact.save wrote.
-      device: the IREE device ("local-task": the CPU).
+      device: the IREE device; default: the one the residual was compiled for
+        ("local-task", the CPU, or "cuda").
       **serving: for a multi-tenant residual (compiled with max_adapters):
         adapter_memory_budget (bytes, None: unlimited), policy ("auto",
         "merged" or "factorized"), replan_every (calls between re-plans).

@@ -52,7 +52,7 @@ class _Adapter:
 class TenantModule(ResidualModule):
     """A multi-tenant residual (compiled with max_adapters). See the module doc."""
 
-    def __init__(self, path, device="local-task", adapter_memory_budget=None, policy="auto", replan_every=64):
+    def __init__(self, path, device=None, adapter_memory_budget=None, policy="auto", replan_every=64):
         if policy not in POLICIES:
             raise AdapterError(f"unknown adapter policy {policy!r}: choose one of {', '.join(POLICIES)}")
         super().__init__(path, device)

@@ -1,7 +1,7 @@
 """stagemlc: compile an exported PyTorch model into a staged residual.
 
     stagemlc model.pt2 -o out/residual.vmfb [--stage GLOB=TIME]... [--emit STAGE]
-             [--dump-stages DIR] [--target cpu] [--no-lora-merge]
+             [--dump-stages DIR] [--target cpu|cuda] [--no-lora-merge]
              [--max-adapters N [--max-rank R]] [-q]
 """
 
@@ -23,7 +23,8 @@ def main(argv=None) -> int:
                         help="binding time (static|adapter|dynamic) of the parameters, buffers or inputs GLOB matches")
     parser.add_argument("--emit", choices=list(STAGES), default="vmfb", help="stop after this stage and write its output to -o")
     parser.add_argument("--dump-stages", metavar="DIR", help="write every stage's output into DIR")
-    parser.add_argument("--target", choices=TARGETS, default="cpu")
+    parser.add_argument("--target", choices=TARGETS, default="cpu",
+                        help="cpu: the host CPU; cuda: IREE's CUDA backend (sm_80 PTX, JIT-compiled on newer GPUs)")
     parser.add_argument("--no-lora-merge", action="store_true", help="keep LoRA factors unmerged in the residual")
     parser.add_argument("--max-adapters", type=int, metavar="N",
                         help="compile for multi-tenant serving: N adapter slots (needs a PEFT LoRA model)")

@@ -1,0 +1,54 @@
+"""--target cuda: compiled here (no GPU needed), run only where a CUDA GPU is."""
+
+import copy
+import json
+
+import pytest
+import torch
+from iree import runtime as iree_rt
+from torch.export import Dim
+
+import stageml
+from models import LoraLinear, rel_err
+
+
+def _has_cuda() -> bool:
+    try:
+        iree_rt.get_device("cuda")
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="module")
+def cuda_artifact(tmp_path_factory):
+    torch.manual_seed(0)
+    model = LoraLinear(d_in=256, d_out=64).eval().half()
+    art = stageml.compile(model, (torch.randn(4, 256).half(),), dynamic_shapes=({0: Dim("b", max=64)},),
+                          target="cuda")
+    return model, art, art.save(str(tmp_path_factory.mktemp("cuda") / "residual.vmfb"))
+
+
+def test_cuda_residual_holds_ptx_and_names_its_device(cuda_artifact):
+    _, art, path = cuda_artifact
+    assert b"cuda-nvptx-fb" in art.vmfb  # IREE's CUDA executable format
+    assert b"sm_80" in art.vmfb
+    assert "linalg.mmt4d" not in art.mlir["iree"]  # the CPU's packed layout is not used
+    manifest = json.loads(open(path[:-5] + ".json").read())
+    assert (manifest["target"], manifest["device"]) == ("cuda", "cuda")
+
+
+@pytest.mark.skipif(_has_cuda(), reason="this machine has a CUDA device")
+def test_cuda_residual_without_a_gpu_is_a_clear_error(cuda_artifact):
+    _, _, path = cuda_artifact
+    with pytest.raises(stageml.StageMLError, match="IREE device 'cuda' is not available here: run this cuda "
+                                                   "residual where that device exists, or compile for --target cpu"):
+        stageml.load(path)
+
+
+@pytest.mark.skipif(not _has_cuda(), reason="needs a CUDA GPU")
+def test_cuda_residual_matches_pytorch(cuda_artifact):
+    model, _, path = cuda_artifact
+    mod = stageml.load(path)
+    x = torch.randn(7, 256).half()
+    assert rel_err(mod(x), copy.deepcopy(model).double()(x.double())) <= 2e-3
