@@ -174,7 +174,9 @@ class TenantModule(ResidualModule):
             self._replan()
             return {n: f["form"] for n, f in self.stats()["adapters"].items()}
 
-    def _replan(self) -> None:
+    def _replan(self, decay: bool = False) -> None:
+        """Applies the policy to the resident adapters; `decay` then halves their
+        traffic counts (the periodic re-plan), so that recent traffic counts most."""
         resident = {n: a for n, a in self._adapters.items() if a.slot is not None}
         if self._policy == "auto":
             profiles = [dataclasses.replace(self._profile, name=n, requests=a.requests) for n, a in resident.items()]
@@ -187,7 +189,8 @@ class TenantModule(ResidualModule):
                 adapter.merged = self._run_adapter(self._arguments("adapter", adapter))
             elif forms[name] == "factorized":
                 adapter.merged = None
-            adapter.requests /= 2  # recent traffic counts most
+            if decay:
+                adapter.requests /= 2
 
     def stats(self) -> dict:
         """Per adapter: form (merged, factorized or evicted), slot, bytes held and
@@ -234,5 +237,5 @@ class TenantModule(ResidualModule):
                 results = self._module.forward_factorized(*arrays, ids)
             self._calls += 1
             if self._calls % self._replan_every == 0:
-                self._replan()
+                self._replan(decay=True)
             return as_outputs(results)
