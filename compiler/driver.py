@@ -5,7 +5,8 @@
     split  → .split.mlir   @static, @adapter, @forward (bt-split, flatten-matmul)
     linalg → .linalg.mlir  each stage lowered by torch-mlir
     iree   → .iree.mlir    @static evaluated; the residual as IREE input
-                           (parameters, adapter state, packed weights)
+                           (parameters, adapter state, packed weights; for
+                           sm90, the Hopper target and custom kernels)
     vmfb   → .vmfb         the residual compiled by IREE
 
 `compile(..., emit=STAGE)` stops after STAGE; `dump_dir` writes every stage's
@@ -118,7 +119,8 @@ def _share_folded(folded: dict, sigs: dict) -> dict:
 
 
 def compile(model, args=None, *, stages=None, dynamic_shapes=None, target="cpu", emit="vmfb",
-            dump_dir=None, merge_lora=True, max_adapters=None, max_rank=16, verbose=False) -> Artifact:
+            dump_dir=None, merge_lora=True, max_adapters=None, max_rank=16, custom_kernels=True,
+            verbose=False) -> Artifact:
     """Compiles `model` into a staged artifact. See `stageml.compile`."""
     if emit not in STAGES:
         raise CompileError(f"unknown stage {emit!r} to emit: choose one of {', '.join(STAGES)}")
@@ -174,6 +176,9 @@ def compile(model, args=None, *, stages=None, dynamic_shapes=None, target="cpu",
     art.report.folded_bytes = sum(v.nbytes for v in folded.values())
     residual = lowering.residual_module(linalg, sigs, slots=max_adapters or 0,
                                         packs_weights=lowering.TARGETS[target].packs_weights)
+    if lowering.TARGETS[target].hopper:
+        from stageml.compiler import sm90
+        residual, art.report.custom_kernels = sm90.run_pipeline(residual, custom_kernels)
     if done("iree", residual):
         return art
     art.vmfb = lowering.compile_module(residual, "residual", target)

@@ -6,6 +6,8 @@
         `util.global = #flow.parameter.named<"model"::NAME>`; @adapter returns
         the adapter state, which the caller keeps and passes to @forward;
         products against weights use packed layouts (pack_weights.py)
+      → for sm90, the Hopper pipeline (compiler/sm90): its target description
+        and hand-written kernels for the hot products
       → iree.compiler for the target
 
 A multi-tenant artifact holds a second program, suffixed `_factorized`:
@@ -52,6 +54,7 @@ class Target:
     flags: tuple            # iree-compile flags
     device: str             # IREE runtime device that runs it
     packs_weights: bool     # pack_weights' mmt4d layout (tiles for the CPU's vector unit)
+    hopper: bool = False    # the sm90 pipeline: StageML's Hopper target and kernels
 
 
 TARGETS = {
@@ -59,6 +62,8 @@ TARGETS = {
     # sm_80 PTX: the newest architecture IREE 3.13 knows below Hopper; the
     # driver JIT-compiles it for newer GPUs (sm_90 has no target in IREE 3.13).
     "cuda": Target("cuda", ("--iree-cuda-target=sm_80",), "cuda", False),
+    # The module carries its own Hopper target (compiler/sm90/hopper.mlir).
+    "sm90": Target("cuda", (), "cuda", False, hopper=True),
 }
 
 
@@ -332,9 +337,12 @@ def _tensor_type(t: Tensor, leading: int | None = None) -> iree_ir.Type:
 def compile_module(text: str, stage: str, target: str = "cpu", flags=None) -> bytes:
     """Compiles IREE input for TARGETS[target]; flags default to the target's."""
     backend = TARGETS[target]
+    flags = list(backend.flags if flags is None else flags)
+    if backend.hopper:
+        from stageml.compiler import sm90
+        flags += sm90.compile_flags(text)
     try:
-        return iree_compiler.compile_str(text, target_backends=[backend.backend],
-                                         extra_args=list(backend.flags if flags is None else flags))
+        return iree_compiler.compile_str(text, target_backends=[backend.backend], extra_args=flags)
     except iree_compiler.CompilerToolError as e:
         lines = [l for l in str(e).splitlines() if "error:" in l] or ["(no diagnostic)"]
         raise CompileError(f"IREE failed to compile @{stage}: {lines[0].split('error:')[-1].strip()}") from e

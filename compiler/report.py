@@ -11,6 +11,7 @@ class Report:
     lifted: dict = dataclasses.field(default_factory=dict)     # "static->dynamic" -> count
     folded_values: int = 0
     folded_bytes: int = 0
+    custom_kernels: dict | None = None  # sm90: kernel -> dispatches using it
 
     @classmethod
     def from_stats(cls, ops: dict, stats: collections.Counter) -> "Report":
@@ -26,4 +27,7 @@ class Report:
                  "rewrites: " + (", ".join(f"{k} x{v}" for k, v in sorted(self.rewrites.items())) or "none"),
                  "lifted values: " + (", ".join(f"{k} {v}" for k, v in self.lifted.items()) or "none"),
                  f"folded values: {self.folded_values} ({self.folded_bytes / 2**20:.2f} MiB)"]
+        if self.custom_kernels is not None:
+            lines.append("custom kernels: " + (", ".join(f"{k} x{v}" for k, v in sorted(self.custom_kernels.items()))
+                                               or "none"))
         return "\n".join(lines)

@@ -2,6 +2,8 @@
 
     stageml-opt in.mlir -p bt-annotate,bt-propagate [--stage GLOB=TIME]...
     stageml-opt in.mlir --verify-only      # parse and verify (bt dialect loaded)
+    stageml-opt residual.iree.mlir --pipeline sm90 [--no-custom-kernels]
+                                           # the Hopper pipeline on IREE input
 """
 
 import argparse
@@ -20,6 +22,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-lora-merge", action="store_true", help="bt-improve keeps adapter factors unmerged")
     parser.add_argument("--max-rank", type=int, default=16, help="for lora-sites: the rank factors are padded to")
     parser.add_argument("--list", action="store_true", help="list the registered passes")
+    parser.add_argument("--pipeline", choices=["sm90"],
+                        help="run a target pipeline on IREE input (the .iree.mlir stage) instead of passes")
+    parser.add_argument("--no-custom-kernels", action="store_true", help="for --pipeline sm90: no hand-written kernels")
     args = parser.parse_args(argv)
 
     from torch_mlir import ir
@@ -35,6 +40,8 @@ def main(argv=None) -> int:
     if args.input != "-" and not os.path.isfile(args.input):
         print(f"stageml-opt: error: input file {args.input!r} does not exist", file=sys.stderr)
         return 1
+    if args.pipeline:
+        return _run_target_pipeline(args)
     context = new_context()
     try:
         with context:
@@ -53,6 +60,20 @@ def main(argv=None) -> int:
             run_passes(module, names, options)
             print(module)
     except StageMLError as e:
+        print(f"stageml-opt: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_target_pipeline(args) -> int:
+    from iree.compiler import ir
+
+    from stageml.compiler import sm90
+
+    text = sys.stdin.read() if args.input == "-" else open(args.input).read()
+    try:
+        print(sm90.run_pipeline(text, custom_kernels=not args.no_custom_kernels)[0])
+    except ir.MLIRError as e:
         print(f"stageml-opt: error: {e}", file=sys.stderr)
         return 1
     return 0

@@ -1,7 +1,7 @@
 """stagemlc: compile an exported PyTorch model into a staged residual.
 
     stagemlc model.pt2 -o out/residual.vmfb [--stage GLOB=TIME]... [--emit STAGE]
-             [--dump-stages DIR] [--target cpu|cuda] [--no-lora-merge]
+             [--dump-stages DIR] [--target cpu|cuda|sm90] [--no-custom-kernels] [--no-lora-merge]
              [--max-adapters N [--max-rank R]] [-q]
 """
 
@@ -24,7 +24,10 @@ def main(argv=None) -> int:
     parser.add_argument("--emit", choices=list(STAGES), default="vmfb", help="stop after this stage and write its output to -o")
     parser.add_argument("--dump-stages", metavar="DIR", help="write every stage's output into DIR")
     parser.add_argument("--target", choices=TARGETS, default="cpu",
-                        help="cpu: the host CPU; cuda: IREE's CUDA backend (sm_80 PTX, JIT-compiled on newer GPUs)")
+                        help="cpu: the host CPU; cuda: IREE's CUDA backend (sm_80 PTX, JIT-compiled on newer GPUs); "
+                             "sm90: Hopper, with StageML's hand-written kernels (building them needs nvcc)")
+    parser.add_argument("--no-custom-kernels", action="store_true",
+                        help="sm90: IREE codegen only, no hand-written kernels (and no nvcc)")
     parser.add_argument("--no-lora-merge", action="store_true", help="keep LoRA factors unmerged in the residual")
     parser.add_argument("--max-adapters", type=int, metavar="N",
                         help="compile for multi-tenant serving: N adapter slots (needs a PEFT LoRA model)")
@@ -38,7 +41,8 @@ def main(argv=None) -> int:
         stages = [parse_stage_option(s) for s in args.stage]
         art = compile_model(args.model, stages=stages, target=args.target, emit=args.emit,
                             dump_dir=args.dump_stages, merge_lora=not args.no_lora_merge,
-                            max_adapters=args.max_adapters, max_rank=args.max_rank, verbose=not args.quiet)
+                            max_adapters=args.max_adapters, max_rank=args.max_rank,
+                            custom_kernels=not args.no_custom_kernels, verbose=not args.quiet)
         if args.emit == "vmfb":
             path = art.save(args.output)
         else:

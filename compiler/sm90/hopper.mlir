@@ -1,0 +1,100 @@
+// The Hopper (SM90) target StageML owns, and the declarations of its kernels.
+//
+// IREE 3.13 knows no sm_90 target (`--iree-cuda-target=sm_90` fails), so the
+// sm90 pipeline attaches this description to the residual module itself:
+//   arch / features  sm_90, PTX ISA 8.0 (CUDA 12): what IREE's own codegen emits;
+//   wgp              one H100/H200 SM: the element types it computes, warp-level
+//                    matrix instructions IREE may use (mma.sync / wmma; IREE 3.13
+//                    has no wgmma intrinsics), warps of 32 threads, at most 1024
+//                    threads and 227 KiB (232448 B) of shared memory per block;
+//   chip             132 SMs (the H100 SXM and the H200).
+//
+// `@stageml_sm90` declares the hand-written kernels of kernels.cu, compiled
+// to PTX by build.py; use-custom-kernels clones it into a residual that uses
+// one. Each export follows IREE's CUDA ABI: the kernel's parameters are its
+// bindings (inputs, then the output) and then its constants, all i32. Every
+// kernel runs 256 threads per block; its grid comes from the workload (M, N),
+// by the formula kernels.cu documents: one block per 32 columns when
+// M <= 8 (the GEMV regime), else one per 64x64 output tile.
+#sm90 = #hal.executable.target<"cuda", "cuda-nvptx-fb", {
+  iree_codegen.target_info = #iree_gpu.target<arch = "sm_90", features = "+ptx80",
+    wgp = <compute = fp64|fp32|fp16|int64|int32|int16|int8, storage = b64|b32|b16|b8,
+           subgroup = shuffle|arithmetic, dot = dp4xi8toi32,
+           mma = [<NV_MMA_SYNC_F32_16x8x16_F16>, <NV_MMA_SYNC_F16_16x8x16_F16>,
+                  <NV_MMA_SYNC_F32_16x8x16_BF16>, <NV_WMMA_F32_16x16x16_F16>, <NV_WMMA_F16_16x16x16_F16>],
+           subgroup_size_choices = [32], max_workgroup_sizes = [1024, 1024, 1024],
+           max_thread_count_per_workgroup = 1024, max_workgroup_memory_bytes = 232448,
+           max_workgroup_counts = [2147483647, 65535, 65535]>,
+    chip = <wgp_count = 132>>
+}>
+
+// x[M,K] @ w[K,N] → y[M,N]; constants M, K, N.
+#gemm = #hal.pipeline.layout<constants = 3, bindings = [
+  #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>,
+  #hal.pipeline.binding<storage_buffer>]>
+// x[M,K] @ w[K,N] + s·(x @ a[K,R]) @ b[R,N] → y[M,N]; constants M, K, N, R, bits of s (f32).
+#lora = #hal.pipeline.layout<constants = 5, bindings = [
+  #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>,
+  #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>,
+  #hal.pipeline.binding<storage_buffer>]>
+
+module attributes {hal.device.targets = [#hal.device.target<"cuda", [#sm90]> : !hal.device]} {
+  hal.executable.source private @stageml_sm90 <objects = #hal.executable.objects<{
+      #sm90 = [#hal.executable.object<{path = "stageml_sm90.ptx"}>]}>> {
+    hal.executable.export public @stageml_gemm_f16 ordinal(0) layout(#gemm)
+        count(%device: !hal.device, %m: index, %n: index) -> (index, index, index) {
+      %c1 = arith.constant 1 : index
+      %gemv_max_m = arith.constant 8 : index
+      %gemv_cols = arith.constant 32 : index
+      %tile = arith.constant 64 : index
+      %gemv = arith.cmpi ule, %m, %gemv_max_m : index
+      %cols = arith.select %gemv, %gemv_cols, %tile : index
+      %x = arith.ceildivui %n, %cols : index
+      %rows = arith.ceildivui %m, %tile : index
+      %y = arith.select %gemv, %c1, %rows : index
+      hal.return %x, %y, %c1 : index, index, index
+    } <workgroup_size = [256 : index, 1 : index, 1 : index]>
+
+    hal.executable.export public @stageml_gemm_bf16 ordinal(1) layout(#gemm)
+        count(%device: !hal.device, %m: index, %n: index) -> (index, index, index) {
+      %c1 = arith.constant 1 : index
+      %gemv_max_m = arith.constant 8 : index
+      %gemv_cols = arith.constant 32 : index
+      %tile = arith.constant 64 : index
+      %gemv = arith.cmpi ule, %m, %gemv_max_m : index
+      %cols = arith.select %gemv, %gemv_cols, %tile : index
+      %x = arith.ceildivui %n, %cols : index
+      %rows = arith.ceildivui %m, %tile : index
+      %y = arith.select %gemv, %c1, %rows : index
+      hal.return %x, %y, %c1 : index, index, index
+    } <workgroup_size = [256 : index, 1 : index, 1 : index]>
+
+    hal.executable.export public @stageml_lora_f16 ordinal(2) layout(#lora)
+        count(%device: !hal.device, %m: index, %n: index) -> (index, index, index) {
+      %c1 = arith.constant 1 : index
+      %gemv_max_m = arith.constant 8 : index
+      %gemv_cols = arith.constant 32 : index
+      %tile = arith.constant 64 : index
+      %gemv = arith.cmpi ule, %m, %gemv_max_m : index
+      %cols = arith.select %gemv, %gemv_cols, %tile : index
+      %x = arith.ceildivui %n, %cols : index
+      %rows = arith.ceildivui %m, %tile : index
+      %y = arith.select %gemv, %c1, %rows : index
+      hal.return %x, %y, %c1 : index, index, index
+    } <workgroup_size = [256 : index, 1 : index, 1 : index]>
+
+    hal.executable.export public @stageml_lora_bf16 ordinal(3) layout(#lora)
+        count(%device: !hal.device, %m: index, %n: index) -> (index, index, index) {
+      %c1 = arith.constant 1 : index
+      %gemv_max_m = arith.constant 8 : index
+      %gemv_cols = arith.constant 32 : index
+      %tile = arith.constant 64 : index
+      %gemv = arith.cmpi ule, %m, %gemv_max_m : index
+      %cols = arith.select %gemv, %gemv_cols, %tile : index
+      %x = arith.ceildivui %n, %cols : index
+      %rows = arith.ceildivui %m, %tile : index
+      %y = arith.select %gemv, %c1, %rows : index
+      hal.return %x, %y, %c1 : index, index, index
+    } <workgroup_size = [256 : index, 1 : index, 1 : index]>
+  }
+}
