@@ -33,7 +33,7 @@ import torch
 
 import stageml
 from harness import add_timing_options, fmt_ms, fmt_pct, loadavg, rel_err, start, timed
-from workloads import LINEAR_LORA, LLAMA_LORA, Linear4096, Logits, small_llama
+from workloads import LINEAR_LORA, LLAMA_LORA, Linear, Logits, small_llama
 from stageml.compiler import lowering
 
 MAX_REL_ERR = 1e-4
@@ -60,7 +60,7 @@ def try_torch_compile(model, inputs: list):
 
 def lora_linear():
     from peft import LoraConfig, get_peft_model
-    model = get_peft_model(Linear4096(), LoraConfig(**LINEAR_LORA)).eval()
+    model = get_peft_model(Linear(), LoraConfig(**LINEAR_LORA)).eval()
     merged = copy.deepcopy(model).merge_and_unload().eval()
     tokens = torch.export.Dim("tokens", max=4096)
     # PeftModel.forward(*args, **kwargs): dynamic shapes are given for "args".

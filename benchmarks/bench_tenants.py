@@ -41,7 +41,7 @@ import torch
 
 import stageml
 from harness import add_timing_options, fmt_ms, fmt_pct, loadavg, rel_err, start, timed
-from workloads import LINEAR_LORA, LLAMA_LORA, Linear4096, Logits, small_llama
+from workloads import LINEAR_LORA, LLAMA_LORA, Linear, Logits, small_llama
 
 TENANTS = 32
 ROWS = 32
@@ -52,7 +52,7 @@ MERGED_IN_BUDGET = 4
 def lora_linear():
     from peft import LoraConfig
     spec = {"args": ({0: torch.export.Dim("rows", max=4096)},)}
-    return Linear4096(), LoraConfig(**LINEAR_LORA), spec, lambda: torch.randn(ROWS, 4096)
+    return Linear(), LoraConfig(**LINEAR_LORA), spec, lambda: torch.randn(ROWS, 4096)
 
 
 def llama():

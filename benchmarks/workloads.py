@@ -1,17 +1,18 @@
-"""The models the benchmarks time: a 4096x4096 linear layer and a small Llama."""
+"""The models the benchmarks time: a 4096x4096 linear layer, a stack of LoRA layers and a small Llama."""
 
+import torch
 from torch import nn
 
 LINEAR_LORA = dict(r=16, lora_alpha=32, target_modules=["fc"], init_lora_weights=False)
 LLAMA_LORA = dict(r=8, target_modules=["q_proj", "v_proj", "o_proj", "gate_proj"], init_lora_weights=False)
 
 
-class Linear4096(nn.Module):
-    """nn.Linear(4096, 4096, bias=False) as `fc`, the layer LoRA targets."""
+class Linear(nn.Module):
+    """nn.Linear(d, d, bias=False) as `fc`, the layer LoRA targets."""
 
-    def __init__(self):
+    def __init__(self, d=4096):
         super().__init__()
-        self.fc = nn.Linear(4096, 4096, bias=False)
+        self.fc = nn.Linear(d, d, bias=False)
 
     def forward(self, x):
         return self.fc(x)
@@ -34,3 +35,28 @@ def small_llama() -> nn.Module:
     config = LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
     return LlamaForCausalLM(config).eval()
+
+
+class LoraStack(nn.Module):
+    """`layers` LoRA layers in sequence, each x@W + s*(x@A)@B with W [d, d]
+    (input-major, as the residual reads it), A [d, r], B [r, d]: a stack so
+    that the weights (layers * d * d elements) outgrow the GPU's L2 cache."""
+
+    def __init__(self, layers=8, d=4096, r=16, scale=0.5):
+        super().__init__()
+        self.scale = scale
+        self.weight = nn.ParameterList([nn.Parameter(nn.init.normal_(torch.empty(d, d), std=d ** -0.5))
+                                        for _ in range(layers)])
+        self.lora_A = nn.ParameterList([nn.Parameter(nn.init.normal_(torch.empty(d, r), std=d ** -0.5))
+                                        for _ in range(layers)])
+        self.lora_B = nn.ParameterList([nn.Parameter(nn.init.normal_(torch.empty(r, d), std=r ** -0.5))
+                                        for _ in range(layers)])
+
+    def forward(self, x):
+        for w, a, b in zip(self.weight, self.lora_A, self.lora_B):
+            x = x @ w + self.scale * ((x @ a) @ b)
+        return x
+
+    def merged(self) -> list:
+        """Each layer's W + s*A@B."""
+        return [w + self.scale * (a @ b) for w, a, b in zip(self.weight, self.lora_A, self.lora_B)]

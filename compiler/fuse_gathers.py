@@ -82,6 +82,20 @@ def _fused(matmul, table, ids) -> ir.Value:
     return generic.results[0]
 
 
+def fused_product(op):
+    """(x, ids, table) when `op` is a per-row product this rewrite built, else None."""
+    if op.name != "linalg.generic":
+        return None
+    generic = op.opview
+    if len(generic.inputs) != 2 or len(generic.outputs) != 1 or generic.indexing_maps != _maps():
+        return None
+    body = [o.operation for o in generic.regions[0].blocks[0].operations]
+    extracts = [o for o in body if o.name == "tensor.extract"]
+    if len(extracts) != 1 or [o.name for o in body[-3:]] != ["arith.mulf", "arith.addf", "linalg.yield"]:
+        return None
+    return generic.inputs[0], generic.inputs[1], extracts[0].operands[0]
+
+
 def fuse_gathers(func) -> int:
     """Rewrites `func`'s batch_matmuls against gathered tables; returns how many."""
     fused, gathers = 0, set()

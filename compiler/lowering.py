@@ -34,6 +34,7 @@ from stageml.compiler.passes.bt_split import STAGE_FUNCS
 from stageml.errors import CompileError
 
 PARAMETER_SCOPE = "model"
+ADAPTER_RESULT = "stageml.adapter_result"  # on a @forward argument: the @adapter result it is
 
 # torch element types → numpy dtype names
 DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64",
@@ -187,10 +188,10 @@ def _replace_args_with_globals(func, names: list, globals_: dict) -> None:
                 value = tensor.CastOp(arg.type, value).result
             arg.replace_all_uses_with(value)
             block.erase_argument(index)
-    _retype(func)
+    retype(func)
 
 
-def _retype(func) -> None:
+def retype(func) -> None:
     """Sets `func`'s type to its arguments' and returned values' types."""
     block = func.regions[0].blocks[0]
     results = [v.type for v in list(block.operations)[-1].operands]
@@ -226,10 +227,22 @@ def residual_module(linalg: str, sigs: dict, slots: int = 0, packs_weights: bool
                     for i, a in enumerate(a for a in fsig.args if a.time != "static") if a.time == "adapter"}
                 if packs_weights:
                     pack_weights(forward, adapter, state)
+                _mark_adapter_state(forward, state)
                 for func in (forward, adapter):
                     if func is not None:
-                        _retype(func)
+                        retype(func)
         return str(module)
+
+
+def _mark_adapter_state(forward, state: dict) -> None:
+    """Marks each @forward argument that is @adapter result i with
+    {stageml.adapter_result = i}, for later layout work on adapter state."""
+    if not state:
+        return
+    count = len(forward.regions[0].blocks[0].arguments)
+    forward.attributes["arg_attrs"] = iree_ir.ArrayAttr.get([iree_ir.DictAttr.get(
+        {ADAPTER_RESULT: iree_ir.IntegerAttr.get(iree_ir.IntegerType.get_signless(64), state[i])} if i in state else {})
+        for i in range(count)])
 
 
 def _use_parameters(module, func, sig, parameters: dict) -> None:
@@ -291,7 +304,7 @@ def _use_tables(module, forward, adapter, fsig, asig, slots: int) -> None:
             arg = block.arguments[index]
             arg.replace_all_uses_with(tensor.CastOp(arg.type, table).result)
             block.erase_argument(index)
-    _retype(forward)
+    retype(forward)
 
     block = adapter.regions[0].blocks[0]
     slot = block.add_argument(iree_ir.IntegerType.get_signless(64), adapter.location)
@@ -313,7 +326,7 @@ def _use_tables(module, forward, adapter, fsig, asig, slots: int) -> None:
             util.GlobalStoreOp(value, symbol)
         func_d.ReturnOp([])
     ret.erase()
-    _retype(adapter)
+    retype(adapter)
 
 
 def _reassociation(groups) -> iree_ir.ArrayAttr:

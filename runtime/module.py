@@ -120,6 +120,11 @@ class ResidualModule:
         return list(state) if isinstance(state, (tuple, list)) else [state]
 
     @property
+    def state(self) -> list:
+        """The adapter state @forward takes before the inputs (device arrays)."""
+        return list(self._state)
+
+    @property
     def inputs(self) -> list:
         return self.manifest["entry_points"]["forward"]["inputs"]
 

@@ -27,9 +27,9 @@ def nvcc() -> str | None:
     return os.environ.get("STAGEML_NVCC") or shutil.which("nvcc")
 
 
-def build(out_dir: pathlib.Path = DEFAULT_DIR) -> pathlib.Path:
-    """The directory holding an up-to-date stageml_sm90.ptx (built if needed)."""
-    out_dir = pathlib.Path(out_dir)
+def build(out_dir: pathlib.Path | None = None) -> pathlib.Path:
+    """The directory (default: build/sm90) holding an up-to-date stageml_sm90.ptx, built if needed."""
+    out_dir = pathlib.Path(out_dir or DEFAULT_DIR)
     ptx, stamp = out_dir / PTX, out_dir / (PTX + ".sha256")
     digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()
     if ptx.is_file() and stamp.is_file() and stamp.read_text() == digest:
@@ -53,6 +53,6 @@ def build(out_dir: pathlib.Path = DEFAULT_DIR) -> pathlib.Path:
 
 if __name__ == "__main__":
     try:
-        print(build(pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_DIR) / PTX)
+        print(build(sys.argv[1] if len(sys.argv) > 1 else None) / PTX)
     except CompileError as e:
         sys.exit(f"error: {e}")

@@ -14,8 +14,9 @@
 // one. Each export follows IREE's CUDA ABI: the kernel's parameters are its
 // bindings (inputs, then the output) and then its constants, all i32. Every
 // kernel runs 256 threads per block; its grid comes from the workload (M, N),
-// by the formula kernels.cu documents: one block per 32 columns when
-// M <= 8 (the GEMV regime), else one per 64x64 output tile.
+// by the formula kernels.cu documents: for GEMM and LoRA, one block per 32
+// columns when M <= 64 (the memory-bound regimes), else one per 64x64 tile;
+// for BGMV, one per 32 columns of each row.
 #sm90 = #hal.executable.target<"cuda", "cuda-nvptx-fb", {
   iree_codegen.target_info = #iree_gpu.target<arch = "sm_90", features = "+ptx80",
     wgp = <compute = fp64|fp32|fp16|int64|int32|int16|int8, storage = b64|b32|b16|b8,
@@ -37,6 +38,11 @@
   #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>,
   #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>,
   #hal.pipeline.binding<storage_buffer>]>
+// x[B,K] (rows of one token), ids[B], table[S,K,N] → y[B,N] (f32), row b by
+// table[ids[b]]; constants B, K, N.
+#bgmv = #hal.pipeline.layout<constants = 3, bindings = [
+  #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>,
+  #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer>]>
 
 module attributes {hal.device.targets = [#hal.device.target<"cuda", [#sm90]> : !hal.device]} {
   hal.executable.source private @stageml_sm90 <objects = #hal.executable.objects<{
@@ -44,56 +50,74 @@ module attributes {hal.device.targets = [#hal.device.target<"cuda", [#sm90]> : !
     hal.executable.export public @stageml_gemm_f16 ordinal(0) layout(#gemm)
         count(%device: !hal.device, %m: index, %n: index) -> (index, index, index) {
       %c1 = arith.constant 1 : index
-      %gemv_max_m = arith.constant 8 : index
-      %gemv_cols = arith.constant 32 : index
+      %stream_max_m = arith.constant 64 : index
+      %stream_cols = arith.constant 32 : index
       %tile = arith.constant 64 : index
-      %gemv = arith.cmpi ule, %m, %gemv_max_m : index
-      %cols = arith.select %gemv, %gemv_cols, %tile : index
+      %stream = arith.cmpi ule, %m, %stream_max_m : index
+      %cols = arith.select %stream, %stream_cols, %tile : index
       %x = arith.ceildivui %n, %cols : index
       %rows = arith.ceildivui %m, %tile : index
-      %y = arith.select %gemv, %c1, %rows : index
+      %y = arith.select %stream, %c1, %rows : index
       hal.return %x, %y, %c1 : index, index, index
     } <workgroup_size = [256 : index, 1 : index, 1 : index]>
 
     hal.executable.export public @stageml_gemm_bf16 ordinal(1) layout(#gemm)
         count(%device: !hal.device, %m: index, %n: index) -> (index, index, index) {
       %c1 = arith.constant 1 : index
-      %gemv_max_m = arith.constant 8 : index
-      %gemv_cols = arith.constant 32 : index
+      %stream_max_m = arith.constant 64 : index
+      %stream_cols = arith.constant 32 : index
       %tile = arith.constant 64 : index
-      %gemv = arith.cmpi ule, %m, %gemv_max_m : index
-      %cols = arith.select %gemv, %gemv_cols, %tile : index
+      %stream = arith.cmpi ule, %m, %stream_max_m : index
+      %cols = arith.select %stream, %stream_cols, %tile : index
       %x = arith.ceildivui %n, %cols : index
       %rows = arith.ceildivui %m, %tile : index
-      %y = arith.select %gemv, %c1, %rows : index
+      %y = arith.select %stream, %c1, %rows : index
       hal.return %x, %y, %c1 : index, index, index
     } <workgroup_size = [256 : index, 1 : index, 1 : index]>
 
     hal.executable.export public @stageml_lora_f16 ordinal(2) layout(#lora)
         count(%device: !hal.device, %m: index, %n: index) -> (index, index, index) {
       %c1 = arith.constant 1 : index
-      %gemv_max_m = arith.constant 8 : index
-      %gemv_cols = arith.constant 32 : index
+      %stream_max_m = arith.constant 64 : index
+      %stream_cols = arith.constant 32 : index
       %tile = arith.constant 64 : index
-      %gemv = arith.cmpi ule, %m, %gemv_max_m : index
-      %cols = arith.select %gemv, %gemv_cols, %tile : index
+      %stream = arith.cmpi ule, %m, %stream_max_m : index
+      %cols = arith.select %stream, %stream_cols, %tile : index
       %x = arith.ceildivui %n, %cols : index
       %rows = arith.ceildivui %m, %tile : index
-      %y = arith.select %gemv, %c1, %rows : index
+      %y = arith.select %stream, %c1, %rows : index
       hal.return %x, %y, %c1 : index, index, index
     } <workgroup_size = [256 : index, 1 : index, 1 : index]>
 
     hal.executable.export public @stageml_lora_bf16 ordinal(3) layout(#lora)
         count(%device: !hal.device, %m: index, %n: index) -> (index, index, index) {
       %c1 = arith.constant 1 : index
-      %gemv_max_m = arith.constant 8 : index
-      %gemv_cols = arith.constant 32 : index
+      %stream_max_m = arith.constant 64 : index
+      %stream_cols = arith.constant 32 : index
       %tile = arith.constant 64 : index
-      %gemv = arith.cmpi ule, %m, %gemv_max_m : index
-      %cols = arith.select %gemv, %gemv_cols, %tile : index
+      %stream = arith.cmpi ule, %m, %stream_max_m : index
+      %cols = arith.select %stream, %stream_cols, %tile : index
       %x = arith.ceildivui %n, %cols : index
       %rows = arith.ceildivui %m, %tile : index
-      %y = arith.select %gemv, %c1, %rows : index
+      %y = arith.select %stream, %c1, %rows : index
+      hal.return %x, %y, %c1 : index, index, index
+    } <workgroup_size = [256 : index, 1 : index, 1 : index]>
+
+    hal.executable.export public @stageml_bgmv_f16 ordinal(4) layout(#bgmv)
+        count(%device: !hal.device, %b: index, %n: index) -> (index, index, index) {
+      %c1 = arith.constant 1 : index
+      %strip = arith.constant 32 : index
+      %x = arith.ceildivui %n, %strip : index
+      %y = arith.maxui %b, %c1 : index
+      hal.return %x, %y, %c1 : index, index, index
+    } <workgroup_size = [256 : index, 1 : index, 1 : index]>
+
+    hal.executable.export public @stageml_bgmv_bf16 ordinal(5) layout(#bgmv)
+        count(%device: !hal.device, %b: index, %n: index) -> (index, index, index) {
+      %c1 = arith.constant 1 : index
+      %strip = arith.constant 32 : index
+      %x = arith.ceildivui %n, %strip : index
+      %y = arith.maxui %b, %c1 : index
       hal.return %x, %y, %c1 : index, index, index
     } <workgroup_size = [256 : index, 1 : index, 1 : index]>
   }

@@ -22,11 +22,15 @@
 module {
   util.global private @w = #flow.parameter.named<"model"::"w"> : tensor<256x512xf16>
 
-  // A merged product: f32 accumulation rounded once to f16.
+  // A product against a global weight, f32 accumulation rounded once to f16:
+  // the weight's pack into 32-column strips follows its load (IREE hoists it
+  // to load time).
   // CHECK-LABEL: func.func @gemm
+  // CHECK:         %[[W:.+]] = util.global.load @w : tensor<256x512xf16>
+  // CHECK:         %[[S:.+]] = linalg.pack %[[W]] outer_dims_perm = [1, 0] inner_dims_pos = [1] inner_tiles = [32] into %{{.+}} : tensor<256x512xf16> -> tensor<16x256x32xf16>
   // CHECK:         %[[M:.+]] = tensor.dim %arg0, %c0 : tensor<?x256xf16>
   // CHECK:         %[[MI:.+]] = arith.index_cast %[[M]] : index to i32
-  // CHECK:         %[[Y:.+]] = flow.dispatch @stageml_sm90::@stageml_gemm_f16[%[[M]], %c512](%arg0, %[[W:.+]], %[[MI]], %c256_i32, %c512_i32) : (tensor<?x256xf16>{%[[M]]}, tensor<256x512xf16>, i32, i32, i32) -> tensor<?x512xf16>{%[[M]]}
+  // CHECK:         %[[Y:.+]] = flow.dispatch @stageml_sm90::@stageml_gemm_f16[%[[M]], %c512](%arg0, %[[S]], %[[MI]], %c256_i32, %c512_i32) : (tensor<?x256xf16>{%[[M]]}, tensor<16x256x32xf16>, i32, i32, i32) -> tensor<?x512xf16>{%[[M]]}
   // CHECK-NOT:     linalg.matmul
   // CHECK:         return %[[Y]]
   // CODEGEN-LABEL: func.func @gemm
@@ -51,7 +55,7 @@ module {
   // An unmerged LoRA site, PEFT's order (scale after the second product):
   // one fused kernel; scale 2.0 travels as its f32 bits (0x40000000).
   // CHECK-LABEL: func.func @lora
-  // CHECK:         flow.dispatch @stageml_sm90::@stageml_lora_bf16[%{{.+}}, %c512](%arg0, %{{.+}}, %arg1, %arg2, %{{.+}}, %c256_i32, %c512_i32, %c8_i32, %c1073741824_i32) : (tensor<?x256xbf16>{%{{.+}}}, tensor<256x512xbf16>, tensor<256x8xbf16>, tensor<8x512xbf16>, i32, i32, i32, i32, i32) -> tensor<?x512xbf16>
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_lora_bf16[%{{.+}}, %c512](%arg0, %{{.+}}, %arg1, %arg2, %{{.+}}, %c256_i32, %c512_i32, %c8_i32, %c1073741824_i32) : (tensor<?x256xbf16>{%{{.+}}}, tensor<16x256x32xbf16>, tensor<256x8xbf16>, tensor<8x512xbf16>, i32, i32, i32, i32, i32) -> tensor<?x512xbf16>
   // CHECK-NOT:     linalg.matmul
   // CHECK-NOT:     stageml_gemm
   func.func @lora(%x: tensor<?x256xbf16>, %a: tensor<256x8xbf16>, %b: tensor<8x512xbf16>, %w: tensor<256x512xbf16>) -> tensor<?x512xbf16> {
@@ -94,6 +98,54 @@ module {
       linalg.yield %t : bf16
     } -> tensor<?x512xbf16>
     return %y : tensor<?x512xbf16>
+  }
+
+  // Adapter state (a @forward argument marked with its @adapter result): the
+  // pack moves into @adapter, which returns the strips.
+  // CHECK-LABEL: func.func @adapter(%arg0: tensor<256x512xf16>) -> tensor<16x256x32xf16>
+  // CHECK:         %[[S:.+]] = linalg.pack %arg0 {{.+}} -> tensor<16x256x32xf16>
+  // CHECK:         return %[[S]]
+  // CHECK-LABEL: func.func @forward(%arg0: tensor<16x256x32xf16> {stageml.adapter_result = 0 : i64}, %arg1: tensor<?x256xf16>)
+  // CHECK-NOT:     linalg.pack
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_f16[%{{.+}}, %c512](%arg1, %arg0,
+  func.func @adapter(%w: tensor<256x512xf16>) -> tensor<256x512xf16> {
+    return %w : tensor<256x512xf16>
+  }
+  func.func @forward(%w: tensor<256x512xf16> {stageml.adapter_result = 0 : i64}, %x: tensor<?x256xf16>) -> tensor<?x512xf16> {
+    %c0 = arith.constant 0 : index
+    %zero = arith.constant 0.0 : f32
+    %m = tensor.dim %x, %c0 : tensor<?x256xf16>
+    %e = tensor.empty(%m) : tensor<?x512xf32>
+    %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<?x512xf32>) -> tensor<?x512xf32>
+    %p = linalg.matmul ins(%x, %w : tensor<?x256xf16>, tensor<256x512xf16>) outs(%acc : tensor<?x512xf32>) -> tensor<?x512xf32>
+    %e16 = tensor.empty(%m) : tensor<?x512xf16>
+    %y = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%p : tensor<?x512xf32>) outs(%e16 : tensor<?x512xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %t = arith.truncf %in : f32 to f16
+      linalg.yield %t : f16
+    } -> tensor<?x512xf16>
+    return %y : tensor<?x512xf16>
+  }
+
+  // A request-time function's product against any other value stays with
+  // IREE: its pack would be a pass over the weight per request.
+  // CHECK-LABEL: func.func @forward_unmarked
+  // CHECK-NOT:     flow.dispatch
+  // CHECK:         linalg.matmul
+  func.func @forward_unmarked(%w: tensor<256x512xf16>, %x: tensor<?x256xf16>) -> tensor<?x512xf16> {
+    %c0 = arith.constant 0 : index
+    %zero = arith.constant 0.0 : f32
+    %m = tensor.dim %x, %c0 : tensor<?x256xf16>
+    %e = tensor.empty(%m) : tensor<?x512xf32>
+    %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<?x512xf32>) -> tensor<?x512xf32>
+    %p = linalg.matmul ins(%x, %w : tensor<?x256xf16>, tensor<256x512xf16>) outs(%acc : tensor<?x512xf32>) -> tensor<?x512xf32>
+    %e16 = tensor.empty(%m) : tensor<?x512xf16>
+    %y = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%p : tensor<?x512xf32>) outs(%e16 : tensor<?x512xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %t = arith.truncf %in : f32 to f16
+      linalg.yield %t : f16
+    } -> tensor<?x512xf16>
+    return %y : tensor<?x512xf16>
   }
 
   // No match: f32 products (the kernels are f16 / bf16), and N = 20, not a

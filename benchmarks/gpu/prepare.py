@@ -1,0 +1,124 @@
+"""Compiles the artifacts the H200 run checks and times (run here, not there).
+
+    .venv/bin/python benchmarks/gpu/prepare.py [OUT_DIR]     # default out/gpu; about 5 minutes
+
+The GPU machine has the IREE runtime but no compiler, so every residual is
+compiled here; h200.py checks and times them there. Written to OUT_DIR:
+  stack-{f16,bf16}-{merged,factorized}-{sm90,cuda}.vmfb/.json
+      workloads.LoraStack(8 layers, d=4096, r=16): merged (one product per
+      layer) and unmerged (--no-lora-merge: the fused LoRA kernel), for
+      StageML's Hopper pipeline and IREE's generic CUDA code. Their weights
+      (512 MiB a stack) stay out of the files: nothing is folded at compile
+      time (checked), so the parameter archive holds the model's own weights
+      and h200.py writes it there from a freshly seeded model.
+  llama-f16-sm90.vmfb/.json/.irpa, llama-f16-cuda.*, llama.pt
+      workloads.small_llama() with workloads.LLAMA_LORA (PEFT), fp16; llama.pt
+      holds its state dict for the PyTorch reference.
+  llama-tenants-f16-sm90.* and adapters/t{0,1,2}/
+      the same Llama for 4 tenants (max_adapters=4) and three PEFT adapters.
+  linear-tenants-f16-sm90.*, linear.pt and adapters/l{0..7}/
+      a PEFT LoRA nn.Linear(1024, 1024) (workloads.LINEAR_LORA) for 8 tenants,
+      fed one token per row: its per-row products are the BGMV kernel's.
+  stageml_sm90.ptx the kernels (as embedded), for kernel_check.py
+  artifacts.json   what each artifact is, and the irpa keys of the stacks.
+"""
+
+import json
+import os
+import shutil
+import sys
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import stageml  # noqa: E402
+from stageml.compiler.sm90 import build  # noqa: E402
+from workloads import LINEAR_LORA, LLAMA_LORA, Linear, Logits, LoraStack, small_llama  # noqa: E402
+
+TOKENS = torch.export.Dim("tokens", min=1, max=4096)
+STACK = dict(layers=8, d=4096, r=16)
+DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def stack_artifacts(out: str) -> list:
+    entries = []
+    for tag, dtype in DTYPES.items():
+        torch.manual_seed(0)
+        model = LoraStack(**STACK).to(dtype).eval()
+        x = torch.randn(2, STACK["d"], dtype=dtype)
+        for form in ("merged", "factorized"):
+            for target in ("sm90", "cuda"):
+                name = f"stack-{tag}-{form}-{target}"
+                art = stageml.compile(model, (x,), dynamic_shapes={"x": {0: TOKENS}}, target=target,
+                                      merge_lora=form == "merged", verbose=True)
+                if art.report.folded_values:
+                    raise SystemExit(f"{name}: {art.report.folded_values} values were folded; "
+                                     "h200.py rebuilds the archive from the model's weights only")
+                vmfb = art.save(os.path.join(out, name + ".vmfb"))
+                os.remove(vmfb[:-5] + ".irpa")  # rebuilt on the GPU machine
+                keys = {**{k: k for k in art.parameters},
+                        **{"default_adapter/" + k: k for k in art.default_adapter}}
+                entries.append(dict(name=name, workload="stack", dtype=tag, form=form, target=target,
+                                    irpa=keys, kernels=art.report.custom_kernels))
+                print(name, art.report.custom_kernels, flush=True)
+        del model
+    return entries
+
+
+def llama_artifacts(out: str) -> list:
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    model = Logits(get_peft_model(small_llama(), LoraConfig(**LLAMA_LORA))).half().eval()
+    torch.save(model.state_dict(), os.path.join(out, "llama.pt"))
+    ids = torch.randint(0, 128, (2, 16))
+    dims = {"ids": {0: torch.export.Dim("batch", min=1, max=64), 1: torch.export.Dim("seq", min=2, max=128)}}
+    entries = []
+    for target in ("sm90", "cuda"):
+        art = stageml.compile(model, (ids,), dynamic_shapes=dims, target=target, verbose=True)
+        art.save(os.path.join(out, f"llama-f16-{target}.vmfb"))
+        entries.append(dict(name=f"llama-f16-{target}", workload="llama", dtype="f16", target=target,
+                            kernels=art.report.custom_kernels))
+    art = stageml.compile(model, (ids,), dynamic_shapes=dims, target="sm90", max_adapters=4, max_rank=8,
+                          verbose=True)
+    art.save(os.path.join(out, "llama-tenants-f16-sm90.vmfb"))
+    entries.append(dict(name="llama-tenants-f16-sm90", workload="llama-tenants", dtype="f16", target="sm90",
+                        kernels=art.report.custom_kernels))
+    for i in range(3):
+        torch.manual_seed(100 + i)
+        tenant = get_peft_model(small_llama(), LoraConfig(**{**LLAMA_LORA, "r": 8 - 2 * i})).half()
+        tenant.save_pretrained(os.path.join(out, "adapters", f"t{i}"))
+    return entries
+
+
+def linear_tenants(out: str) -> list:
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    model = get_peft_model(Linear(1024), LoraConfig(**LINEAR_LORA)).half().eval()
+    torch.save(model.state_dict(), os.path.join(out, "linear.pt"))
+    art = stageml.compile(model, (torch.randn(4, 1024).half(),), dynamic_shapes=({0: torch.export.Dim("rows", max=256)},),
+                          target="sm90", max_adapters=8, max_rank=16, verbose=True)
+    art.save(os.path.join(out, "linear-tenants-f16-sm90.vmfb"))
+    for i in range(8):
+        torch.manual_seed(200 + i)
+        get_peft_model(Linear(1024), LoraConfig(**LINEAR_LORA)).half().save_pretrained(
+            os.path.join(out, "adapters", f"l{i}"))
+    return [dict(name="linear-tenants-f16-sm90", workload="linear-tenants", dtype="f16", target="sm90",
+                 kernels=art.report.custom_kernels)]
+
+
+def main() -> None:
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join("out", "gpu")
+    os.makedirs(out, exist_ok=True)
+    warnings.simplefilter("ignore")
+    entries = llama_artifacts(out) + linear_tenants(out) + stack_artifacts(out)
+    shutil.copy(build.build() / build.PTX, out)
+    with open(os.path.join(out, "artifacts.json"), "w") as f:
+        json.dump(entries, f, indent=1)
+    print(f"wrote {len(entries)} artifacts to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,601 @@
+// StageML's hand-written Hopper (sm_90a) kernels, dispatched by IREE as custom
+// dispatches. T is __half (_f16) or __nv_bfloat16 (_bf16); products accumulate
+// in f32 and each output is rounded to T once.
+//
+//   stageml_gemm_T(const T* x, const T* w, T* y, int M, int K, int N)
+//     y[M,N] = x[M,K] @ w[K,N]
+//
+// w comes in StageML's strip layout: [N/32][K][32], each 32-column strip of
+// the [K,N] matrix stored whole, row after row. The sm90 pipeline packs w so
+// once, off the request path (at load for a static weight, in @adapter for
+// a merged one), and a block's 32 columns then stream from one contiguous
+// K*64-byte range instead of 64-byte pieces 2N bytes apart.
+//   stageml_lora_T(const T* x, const T* w, const T* a, const T* b, T* y,
+//                  int M, int K, int N, int R, uint32_t scale_bits)
+//     y = x @ w + scale * (x @ a) @ b, a[K,R], b[R,N], scale = bits as f32.
+//     t = x @ a stays on chip in f32; w is read once.
+//   stageml_bgmv_T(const T* x, const int64_t* ids, const T* table, float* y, int B, int K, int N)
+//     y[b,:] = x[b,:] @ table[ids[b]] (f32), table [S,K,N]: a multi-tenant
+//     residual's per-row product with each row's own adapter factor (BGMV).
+//     Grid (ceil(N / 32), max(B, 1), 1).
+//
+// ABI (IREE CUDA): bindings as pointers in order (inputs, then y), then the
+// push constants as 32-bit values. All buffers dense row-major.
+// Block: 256 x 1 x 1 threads. Grid, from M and N:
+//   M <= 64:  (ceil(N / 32), 1, 1)                 streaming path
+//   M >  64:  (ceil(N / 64), ceil(M / 64), 1)      tiled path
+// M = 0 launches ceil(N / 32) blocks, which return at once.
+//
+// Caller guarantees: K a multiple of 8, N of 32; 0 <= M; 1 <= R <= 32;
+// M*K, K*N, M*N < 2^31; pointers aligned to their element (2 bytes).
+// x and w 16-byte aligned select the fast paths; otherwise a scalar path
+// (slow, any grid) computes the same result. y, a and b may have any
+// 2-byte alignment on every path.
+//
+// GEMV path (M <= 4; for LoRA, R a multiple of 8 and a 16-byte aligned):
+// CUDA-core FMAs, f32. A block owns one 32-column strip of w; thread t reads
+// 16 bytes (8 columns) of rows t/4, t/4 + 64, ..., so each warp reads 8 whole
+// strip rows, 512 contiguous bytes, with up to 16 rows in flight per thread.
+// LoRA: a's row k rides along (ranks 8*(t%4)..+7). Warps are summed by
+// shuffles, then in shared memory.
+//
+// Streaming path (4 < M <= 64, memory-bound): a block owns one 32-column strip
+// of w over all of K; its 8 warps take interleaved 16-row steps of K. Each lane loads
+// 4 rows x 4 columns of w (8-byte loads straight from global, several steps
+// in flight) and pairs rows with byte permutes into mma B fragments, so the
+// lane's rows k..k+3 stand for the mma's k = 2c, 2c+1, 2c+8, 2c+9 (the same
+// permutation is applied to x, whose 4 consecutive elements load as one
+// 8-byte A fragment pair). mma.m16n8k16 then covers up to 64 rows of x in
+// 16-row tiles. The 8 warps' partial sums are added in shared memory.
+// LoRA: a is read the same way as 32 extra columns (zero beyond R), giving
+// each block all of t = x @ a; the epilogue adds scale * t @ b[:, cols].
+//
+// Tiled path (M > 64): 64x64 output tiles, 32-deep k tiles in a cp.async
+// pipeline (4 stages, 3 for LoRA), ldmatrix + mma.m16n8k16. Warps are
+// 2 k-halves x 2 x 2 of 32x32; the k-halves are added in shared memory.
+// LoRA: a's 32-row x 32-rank tile rides in each stage (through registers,
+// as a's rows need not be 16-byte aligned) and is multiplied with the same
+// x fragments; the epilogue adds scale * t @ b as above.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kStreamMaxM = 64;
+constexpr int kStreamCols = 32;
+constexpr int kTileM = 64, kTileN = 64, kTileK = 32;
+constexpr int kMaxRank = 32;
+constexpr int kLd = 33;  // f32 row stride of the shared-memory reduction tiles (conflict-free)
+
+// Element (k, n) of w in the strip layout.
+__device__ __forceinline__ size_t w_at(int k, int n, int K) {
+  return ((static_cast<size_t>(n >> 5) * K) + k) * 32 + (n & 31);
+}
+
+template <typename T> struct IsBf16 { static constexpr bool value = false; };
+template <> struct IsBf16<__nv_bfloat16> { static constexpr bool value = true; };
+
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ T from_f32(float v);
+template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// d += A(16x16, row) * B(16x8, col), f32 accumulators.
+template <typename T>
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (IsBf16<T>::value)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy; zero-fills when !ok (src is then not read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(ok ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)) : "memory");
+}
+
+// Column j of two 4-column row pieces (rows k, k+1) as one k-major B register.
+__device__ __forceinline__ uint32_t pair(uint2 lo, uint2 hi, int j) {
+  return __byte_perm(j < 2 ? lo.x : lo.y, j < 2 ? hi.x : hi.y, (j & 1) ? 0x7632 : 0x5410);
+}
+
+// y[m0.., n0..] = src (the sum of nsrc f32 tiles) [+ scale * t @ b]; one column per thread.
+template <typename T, bool LORA>
+__device__ __forceinline__ void epilogue(const float* src, int nsrc, int stride, int ld, const float* ts, int rows,
+                                         int cols, int m0, int n0, T* y, const T* b, int M, int N, int R,
+                                         float scale) {
+  const int n = threadIdx.x % cols, gn = n0 + n;
+  if (gn >= N) return;
+  float bcol[LORA ? kMaxRank : 1];
+  if constexpr (LORA) {
+#pragma unroll
+    for (int r = 0; r < kMaxRank; ++r) bcol[r] = r < R ? to_f32(b[r * N + gn]) : 0.f;
+  }
+  for (int m = threadIdx.x / cols; m < rows && m0 + m < M; m += kThreads / cols) {
+    float v = 0.f;
+    for (int i = 0; i < nsrc; ++i) v += src[i * stride + m * ld + n];
+    if constexpr (LORA) {
+      float l = 0.f;
+#pragma unroll
+      for (int r = 0; r < kMaxRank; ++r) l = fmaf(ts[m * kLd + r], bcol[r], l);
+      v = fmaf(scale, l, v);
+    }
+    y[(m0 + m) * N + gn] = from_f32<T>(v);
+  }
+}
+
+// k steps a warp has in flight: enough 8-byte loads to cover HBM latency,
+// fewer where x (MT tiles) and a take registers.
+template <int MT, bool LORA> constexpr int kUnroll = MT == 1 ? 8 : MT == 2 ? (LORA ? 4 : 8) : (LORA ? 2 : 4);
+
+// 8 consecutive T (16 bytes) as f32.
+template <typename T> __device__ __forceinline__ void unpack8(uint4 v, float (&f)[8]) {
+  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 p;
+    if constexpr (IsBf16<T>::value) p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u[i]));
+    else p = __half22float2(*reinterpret_cast<const __half2*>(&u[i]));
+    f[2 * i] = p.x;
+    f[2 * i + 1] = p.y;
+  }
+}
+
+// GEMV path (M <= MM rows, MM = 1 or 4), CUDA-core FMAs on 16-byte loads.
+template <typename T, int MM, bool LORA>
+__device__ __forceinline__ void gemv_path(const T* x, const T* w, const T* a, const T* b, T* y, int M, int K,
+                                          int N, int R, float scale, float* smem) {
+  static_assert(MM * 32 <= kThreads, "one thread per (row, column) in the final sum");
+  constexpr int U = (MM == 1 ? 16 : 8) / (LORA ? 2 : 1);  // rows in flight per thread
+  const int cg = threadIdx.x & 3, rl = threadIdx.x >> 2, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n0 = blockIdx.x * kStreamCols;
+  if (n0 >= N) return;
+  const T* ws = w + w_at(0, n0, K) + 8 * cg;
+  const bool a_on = LORA && 8 * cg < R;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  float acc[MM][8] = {}, tacc[LORA ? MM : 1][8] = {};
+  for (int k0 = rl; k0 < K; k0 += 64 * U) {
+    uint4 wv[U], av[LORA ? U : 1];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int k = k0 + 64 * u;
+      wv[u] = k < K ? __ldcs(reinterpret_cast<const uint4*>(ws + static_cast<size_t>(k) * 32)) : zero;
+      if constexpr (LORA) av[u] = a_on && k < K ? __ldg(reinterpret_cast<const uint4*>(a + k * R + 8 * cg)) : zero;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int k = k0 + 64 * u;
+      float wf[8], af[8];
+      unpack8<T>(wv[u], wf);
+      if constexpr (LORA) unpack8<T>(av[u], af);
+#pragma unroll
+      for (int m = 0; m < MM; ++m) {
+        const float xv = m < M && k < K ? to_f32(x[m * K + k]) : 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          acc[m][j] = fmaf(xv, wf[j], acc[m][j]);
+          if constexpr (LORA) tacc[m][j] = fmaf(xv, af[j], tacc[m][j]);
+        }
+      }
+    }
+  }
+  // Sum a warp's 8 rows (lanes 4r + cg) by shuffles, then the 8 warps in shared memory:
+  // red[warp][m][32 columns], tred[warp][m][32 ranks].
+  float* red = smem;
+  float* tred = smem + 8 * MM * 32;
+  auto warp_sum = [&](float (&v)[8], float* out, int m) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float s = v[j];
+      s += __shfl_xor_sync(0xffffffffu, s, 4);
+      s += __shfl_xor_sync(0xffffffffu, s, 8);
+      s += __shfl_xor_sync(0xffffffffu, s, 16);
+      if (lane < 4) out[(warp * MM + m) * 32 + 8 * cg + j] = s;
+    }
+  };
+#pragma unroll
+  for (int m = 0; m < MM; ++m) {
+    warp_sum(acc[m], red, m);
+    if constexpr (LORA) warp_sum(tacc[m], tred, m);
+  }
+  __syncthreads();
+  float* sums = smem + 16 * MM * 32;  // [m][32] column sums, then [m][kLd] rank sums
+  float* ts = sums + MM * 32;
+  if (threadIdx.x < MM * 32) {
+    float s = 0.f, t = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      s += red[i * MM * 32 + threadIdx.x];
+      if constexpr (LORA) t += tred[i * MM * 32 + threadIdx.x];
+    }
+    sums[threadIdx.x] = s;
+    if constexpr (LORA) ts[(threadIdx.x >> 5) * kLd + (threadIdx.x & 31)] = t;
+  }
+  __syncthreads();
+  epilogue<T, LORA>(sums, 1, 0, 32, ts, MM, kStreamCols, 0, n0, y, b, M, N, R, scale);
+}
+
+// Streaming path, MT 16-row tiles of x (M <= 16 * MT).
+template <typename T, int MT, bool LORA>
+__device__ __forceinline__ void stream_path(const T* x, const T* w, const T* a, const T* b, T* y, int M, int K,
+                                            int N, int R, float scale, float* smem) {
+  constexpr int U = kUnroll<MT, LORA>;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int n0 = blockIdx.x * kStreamCols;
+  if (n0 >= N) return;
+  const int col = n0 + 4 * g;  // this lane's 4 columns of w (and of a: 4 * g)
+  const bool col_ok = col < N, a_ok = 4 * g < R;
+  const bool a_vec = R % 4 == 0 && (reinterpret_cast<uintptr_t>(a) & 7) == 0;
+  const uint2 zero = make_uint2(0, 0);
+  const uint16_t* a16 = reinterpret_cast<const uint16_t*>(a);
+
+  float acc[MT][4][4] = {};
+  float tacc[LORA ? MT : 1][4][4] = {};
+  const int steps = (K + 15) / 16;
+  for (int s0 = warp; s0 < steps; s0 += 8 * U) {
+    uint2 wr[U][4], xr[U][MT][2], ar[U][4];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int k = (s0 + 8 * u) * 16 + 4 * c;  // rows k..k+3; K % 8 == 0 makes them all valid or none
+      const bool k_ok = k < K;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const bool ok = k_ok && col_ok;
+        const uint2 v = __ldcs(reinterpret_cast<const uint2*>(ok ? w + w_at(k + i, col, K) : w));
+        wr[u][i] = ok ? v : zero;
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int m = mt * 16 + h * 8 + g;
+          const bool ok = k_ok && m < M;
+          const uint2 v = __ldg(reinterpret_cast<const uint2*>(ok ? x + m * K + k : x));
+          xr[u][mt][h] = ok ? v : zero;
+        }
+    }
+    // LoRA: a[k+i][4g .. 4g+3], zero beyond R. 8-byte loads join the batch above; the
+    // element-wise fallback (R % 4 != 0 or a misaligned) loads per step, to spare registers.
+    const auto load_a = [&](int u) {
+      const int k = (s0 + 8 * u) * 16 + 4 * c;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int off = (k + i) * R + 4 * g;
+        if (a_vec) {
+          const bool ok = k < K && a_ok;
+          const uint2 v = __ldg(reinterpret_cast<const uint2*>(ok ? a + off : a));
+          ar[u][i] = ok ? v : zero;
+        } else {
+          uint32_t e[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) e[q] = k < K && 4 * g + q < R ? __ldg(a16 + off + q) : 0u;
+          ar[u][i] = make_uint2(e[0] | e[1] << 16, e[2] | e[3] << 16);
+        }
+      }
+    };
+    if constexpr (LORA) {
+      if (a_vec) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) load_a(u);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t b0 = pair(wr[u][0], wr[u][1], j), b1 = pair(wr[u][2], wr[u][3], j);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const uint32_t af[4] = {xr[u][mt][0].x, xr[u][mt][1].x, xr[u][mt][0].y, xr[u][mt][1].y};
+          mma<T>(acc[mt][j], af, b0, b1);
+        }
+      }
+      if constexpr (LORA) {
+        if (!a_vec) load_a(u);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t b0 = pair(ar[u][0], ar[u][1], j), b1 = pair(ar[u][2], ar[u][3], j);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            const uint32_t af[4] = {xr[u][mt][0].x, xr[u][mt][1].x, xr[u][mt][0].y, xr[u][mt][1].y};
+            mma<T>(tacc[mt][j], af, b0, b1);
+          }
+        }
+      }
+    }
+  }
+
+  // Sum the 8 warps: warps 4-7 store into four slots, warps 0-3 add theirs.
+  // Fragment (mt, j)[q] is row mt*16 + g + 8*(q/2), column 8c + 4*(q%2) + j.
+  constexpr int kSlot = kStreamMaxM * kLd;
+  float* slot = smem + (warp & 3) * kSlot;
+  auto reduce = [&](const float (&v)[MT][4][4]) {
+#pragma unroll
+    for (int pass = 0; pass < 2; ++pass) {
+      if ((warp >> 2) != pass) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              float* p = slot + (mt * 16 + g + 8 * (q >> 1)) * kLd + 8 * c + 4 * (q & 1) + j;
+              *p = pass ? *p + v[mt][j][q] : v[mt][j][q];
+            }
+      }
+      __syncthreads();
+    }
+  };
+  float* ts = smem + 4 * kSlot;
+  if constexpr (LORA) {
+    reduce(tacc);
+    for (int i = threadIdx.x; i < MT * 16 * kLd; i += kThreads)
+      ts[i] = smem[i] + smem[kSlot + i] + smem[2 * kSlot + i] + smem[3 * kSlot + i];
+    __syncthreads();
+  }
+  reduce(acc);
+  epilogue<T, LORA>(smem, 4, kSlot, kLd, ts, MT * 16, kStreamCols, 0, n0, y, b, M, N, R, scale);
+}
+
+// Tiled path (M > 64).
+template <typename T, bool LORA>
+__device__ __forceinline__ void tile_path(const T* x, const T* w, const T* a, const T* b, T* y, int M, int K,
+                                          int N, int R, float scale, float* smem) {
+  constexpr int S = LORA ? 3 : 4;  // pipeline stages
+  constexpr int XLD = kTileK + 8, WLD = kTileN + 8, ALD = kMaxRank + 8;  // padded: conflict-free ldmatrix
+  constexpr int XS = kTileM * XLD, WS = kTileK * WLD, AS = LORA ? kTileK * ALD : 0, STAGE = XS + WS + AS;
+  constexpr int OLD = kTileN + 1;  // f32 output tile row stride
+  const int m0 = blockIdx.y * kTileM, n0 = blockIdx.x * kTileN;
+  if (m0 >= M || n0 >= N) return;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+  const int kh = warp >> 2, wm = (warp >> 1) & 1, wn = warp & 1;
+  const int ktiles = (K + kTileK - 1) / kTileK;
+  uint16_t* sm = reinterpret_cast<uint16_t*>(smem);
+  const uint16_t* a16 = reinterpret_cast<const uint16_t*>(a);
+
+  const int xrow = tid >> 2, xcol = (tid & 3) * 8, wrow = tid >> 3, wcol = (tid & 7) * 8;
+  auto load_tile = [&](int kt) {
+    const int k0 = kt * kTileK;
+    uint16_t* st = sm + (kt % S) * STAGE;
+    const bool xok = m0 + xrow < M && k0 + xcol < K;
+    cp_async16(st + xrow * XLD + xcol, xok ? x + (m0 + xrow) * K + k0 + xcol : x, xok);
+    const bool wok = k0 + wrow < K && n0 + wcol < N;
+    cp_async16(st + XS + wrow * WLD + wcol, wok ? w + w_at(k0 + wrow, n0 + wcol, K) : w, wok);
+  };
+  // a[k0 + e/32][e%32] for e = tid + 256*i, zero beyond K and R.
+  auto load_a = [&](int kt, uint16_t (&v)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int e = tid + kThreads * i, k = kt * kTileK + (e >> 5), r = e & 31;
+      v[i] = k < K && r < R ? __ldg(a16 + k * R + r) : uint16_t(0);
+    }
+  };
+  auto store_a = [&](int kt, const uint16_t (&v)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int e = tid + kThreads * i;
+      sm[(kt % S) * STAGE + XS + WS + (e >> 5) * ALD + (e & 31)] = v[i];
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < ktiles) {
+      load_tile(s);
+      if constexpr (LORA) {
+        uint16_t v[4];
+        load_a(s, v);
+        store_a(s, v);
+      }
+    }
+    cp_async_commit();
+  }
+
+  float acc[2][4][4] = {};
+  float tacc[LORA ? 2 : 1][2][4] = {};
+  for (int kt = 0; kt < ktiles; ++kt) {
+    cp_async_wait<S - 2>();
+    __syncthreads();  // tile kt visible; slot (kt - 1) % S free for tile kt + S - 1
+    const int pf = kt + S - 1;
+    uint16_t av[4];
+    if (pf < ktiles) {
+      load_tile(pf);
+      if constexpr (LORA) load_a(pf, av);
+    }
+    cp_async_commit();
+
+    const uint16_t* st = sm + (kt % S) * STAGE;
+    // ldmatrix row addresses: lanes 0-15 rows 0-15 of the first 8 columns, lanes 16-31 of the next 8.
+    const int k16 = kh * 16, lr = lane & 15, lc = (lane >> 4) * 8;
+    uint32_t af[2][4], bf[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) ldsm_x4(af[i], st + (wm * 32 + i * 16 + lr) * XLD + k16 + lc);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) ldsm_x4_trans(bf[i], st + XS + (k16 + lr) * WLD + wn * 32 + i * 16 + lc);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) mma<T>(acc[i][j], af[i], bf[j >> 1][2 * (j & 1)], bf[j >> 1][2 * (j & 1) + 1]);
+    if constexpr (LORA) {
+      if (wn * 16 < R) {
+        uint32_t tb[4];
+        ldsm_x4_trans(tb, st + XS + WS + (k16 + lr) * ALD + wn * 16 + lc);
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) mma<T>(tacc[i][j], af[i], tb[2 * j], tb[2 * j + 1]);
+      }
+      if (pf < ktiles) store_a(pf, av);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // Add the two k-halves: fragment (i, j)[q] is row wm*32 + 16i + g + 8*(q/2), column 8j + 2c + q%2.
+  float* out = smem;
+  float* ts = smem + kTileM * OLD;
+#pragma unroll
+  for (int pass = 0; pass < 2; ++pass) {
+    if (kh != pass) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int row = wm * 32 + i * 16 + g + 8 * (q >> 1), cq = 2 * c + (q & 1);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            float* p = out + row * OLD + wn * 32 + 8 * j + cq;
+            *p = pass ? *p + acc[i][j][q] : acc[i][j][q];
+          }
+          if constexpr (LORA) {
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              float* p = ts + row * kLd + wn * 16 + 8 * j + cq;
+              *p = pass ? *p + tacc[i][j][q] : tacc[i][j][q];
+            }
+          }
+        }
+    }
+    __syncthreads();
+  }
+  epilogue<T, LORA>(out, 1, 0, OLD, ts, kTileM, kTileN, m0, n0, y, b, M, N, R, scale);
+}
+
+// Any alignment, any grid: blocks stride over (row, 256 columns) units.
+template <typename T, bool LORA>
+__device__ __forceinline__ void scalar_path(const T* x, const T* w, const T* a, const T* b, T* y, int M, int K,
+                                            int N, int R, float scale, float* smem) {
+  const int tid = threadIdx.x, tiles = (N + kThreads - 1) / kThreads;
+  for (int u = blockIdx.y * gridDim.x + blockIdx.x; u < M * tiles; u += gridDim.x * gridDim.y) {
+    const int m = u / tiles, n = (u % tiles) * kThreads + tid;
+    const T* xm = x + m * K;
+    if constexpr (LORA) {  // t[m, :] by 8 k-lanes x 32 ranks
+      const int r = tid & 31;
+      float p = 0.f;
+      if (r < R)
+        for (int k = tid >> 5; k < K; k += 8) p = fmaf(to_f32(xm[k]), to_f32(a[k * R + r]), p);
+      smem[tid] = p;
+      __syncthreads();
+      if (tid < kMaxRank) {
+        float t = 0.f;
+        for (int i = 0; i < 8; ++i) t += smem[i * 32 + tid];
+        smem[kThreads + tid] = t;
+      }
+      __syncthreads();
+    }
+    if (n < N) {
+      float v = 0.f;
+      for (int k = 0; k < K; ++k) v = fmaf(to_f32(xm[k]), to_f32(w[w_at(k, n, K)]), v);
+      if constexpr (LORA) {
+        float l = 0.f;
+        for (int r = 0; r < R; ++r) l = fmaf(smem[kThreads + r], to_f32(b[r * N + n]), l);
+        v = fmaf(scale, l, v);
+      }
+      y[m * N + n] = from_f32<T>(v);
+    }
+    if constexpr (LORA) __syncthreads();
+  }
+}
+
+// Shared memory: the larger of the streaming reduction (4 slots [+ t]) and the tiled pipeline.
+template <bool LORA> constexpr int kStreamSmem = (LORA ? 5 : 4) * kStreamMaxM * kLd;
+template <bool LORA> constexpr int kTileSmem =
+    (LORA ? 3 : 4) * (kTileM * (kTileK + 8) + kTileK * (kTileN + 8) + (LORA ? kTileK * (kMaxRank + 8) : 0)) / 2;
+template <bool LORA>
+constexpr int kSmemFloats = kStreamSmem<LORA> > kTileSmem<LORA> ? kStreamSmem<LORA> : kTileSmem<LORA>;
+
+template <typename T, bool LORA>
+__device__ __forceinline__ void run(const T* x, const T* w, const T* a, const T* b, T* y, int M, int K, int N,
+                                    int R, float scale) {
+  __shared__ __align__(16) float smem[kSmemFloats<LORA>];
+  if (M <= 0) return;
+  if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) & 15)
+    scalar_path<T, LORA>(x, w, a, b, y, M, K, N, R, scale, smem);
+  else if (M <= 4 && (!LORA || (R % 8 == 0 && (reinterpret_cast<uintptr_t>(a) & 15) == 0)))
+    M == 1 ? gemv_path<T, 1, LORA>(x, w, a, b, y, M, K, N, R, scale, smem)
+           : gemv_path<T, 4, LORA>(x, w, a, b, y, M, K, N, R, scale, smem);
+  else if (M <= 16)
+    stream_path<T, 1, LORA>(x, w, a, b, y, M, K, N, R, scale, smem);
+  else if (M <= 32)
+    stream_path<T, 2, LORA>(x, w, a, b, y, M, K, N, R, scale, smem);
+  else if (M <= kStreamMaxM)
+    stream_path<T, 4, LORA>(x, w, a, b, y, M, K, N, R, scale, smem);
+  else
+    tile_path<T, LORA>(x, w, a, b, y, M, K, N, R, scale, smem);
+}
+
+// Gathered rows: y[b, n] = sum_k x[b, k] * table[ids[b], k, n] in f32; block (column
+// strip, row b), 32 columns x 8 k-lanes, the k-lanes summed in shared memory.
+template <typename T>
+__device__ __forceinline__ void bgmv(const T* x, const int64_t* ids, const T* table, float* y, int B, int K,
+                                     int N) {
+  __shared__ float part[8][32];
+  const int b = blockIdx.y, col = threadIdx.x & 31, lane_k = threadIdx.x >> 5, n = blockIdx.x * 32 + col;
+  if (b >= B) return;
+  const T* t = table + static_cast<size_t>(ids[b]) * K * N + n;
+  const T* xb = x + static_cast<size_t>(b) * K;
+  float acc = 0.f;
+  if (n < N) {
+#pragma unroll 8
+    for (int k = lane_k; k < K; k += 8) acc = fmaf(to_f32(xb[k]), to_f32(t[static_cast<size_t>(k) * N]), acc);
+  }
+  part[lane_k][col] = acc;
+  __syncthreads();
+  if (lane_k == 0 && n < N) {
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sum += part[i][col];
+    y[static_cast<size_t>(b) * N + n] = sum;
+  }
+}
+
+}  // namespace
+
+#define STAGEML_KERNELS(SUFFIX, T)                                                                              \
+  extern "C" __global__ void __launch_bounds__(kThreads)                                                        \
+      stageml_gemm_##SUFFIX(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int M, int K,  \
+                            int N) {                                                                            \
+    run<T, false>(x, w, nullptr, nullptr, y, M, K, N, 0, 0.f);                                                  \
+  }                                                                                                             \
+  extern "C" __global__ void __launch_bounds__(kThreads)                                                        \
+      stageml_lora_##SUFFIX(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ a,          \
+                            const T* __restrict__ b, T* __restrict__ y, int M, int K, int N, int R,             \
+                            uint32_t scale_bits) {                                                              \
+    run<T, true>(x, w, a, b, y, M, K, N, R, __uint_as_float(scale_bits));                                       \
+  }                                                                                                             \
+  extern "C" __global__ void __launch_bounds__(kThreads)                                                        \
+      stageml_bgmv_##SUFFIX(const T* __restrict__ x, const int64_t* __restrict__ ids,                           \
+                            const T* __restrict__ table, float* __restrict__ y, int B, int K, int N) {          \
+    bgmv<T>(x, ids, table, y, B, K, N);                                                                         \
+  }
+
+STAGEML_KERNELS(f16, __half)
+STAGEML_KERNELS(bf16, __nv_bfloat16)

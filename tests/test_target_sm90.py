@@ -1,0 +1,119 @@
+"""--target sm90: StageML's Hopper pipeline, compiled here (nvcc builds the
+kernels; no GPU needed), run only where a CUDA GPU is."""
+
+import copy
+import json
+import re
+import shutil
+
+import pytest
+import torch
+from torch.export import Dim
+
+import stageml
+from models import LoraLinear, rel_err
+from stageml.compiler.sm90 import build
+from stageml.tools import stagemlc
+from test_target_cuda import _has_cuda
+
+needs_nvcc = pytest.mark.skipif(build.nvcc() is None, reason="building the sm90 kernels needs nvcc")
+ROWS = ({0: Dim("rows", max=512)},)
+
+
+def _ptx_targets(art) -> set:
+    return set(re.findall(rb"\.target (sm_\w+)", art.vmfb))
+
+
+def _compile(dtype, **options):
+    torch.manual_seed(0)
+    model = LoraLinear(d_in=256, d_out=512, rank=8).eval().to(dtype)
+    return model, stageml.compile(model, (torch.randn(4, 256).to(dtype),), dynamic_shapes=ROWS, target="sm90",
+                                  **options)
+
+
+@pytest.fixture(scope="module")
+def sm90_artifacts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sm90")
+    arts = {}
+    for name, dtype, merge in (("merged", torch.float16, True), ("factorized", torch.float16, False),
+                               ("bf16", torch.bfloat16, True)):
+        model, art = _compile(dtype, merge_lora=merge)
+        arts[name] = (model, art, art.save(str(root / f"{name}.vmfb")))
+    return arts
+
+
+@needs_nvcc
+def test_merged_residual_dispatches_the_gemm_kernel(sm90_artifacts):
+    _, art, path = sm90_artifacts["merged"]
+    assert art.report.custom_kernels == {"stageml_gemm": 2}  # @adapter's A@B and @forward's x@W
+    assert "flow.dispatch @stageml_sm90::@stageml_gemm_f16" in art.mlir["iree"]
+    assert _ptx_targets(art) == {b"sm_90a", b"sm_90"}  # the kernels' PTX; IREE's codegen for the rest
+    assert b"stageml_gemm_f16" in art.vmfb
+    manifest = json.loads(open(path[:-5] + ".json").read())
+    assert (manifest["target"], manifest["device"]) == ("sm90", "cuda")
+    assert manifest["report"]["custom_kernels"] == {"stageml_gemm": 2}
+
+
+@needs_nvcc
+def test_unmerged_lora_site_is_one_fused_kernel(sm90_artifacts):
+    _, art, _ = sm90_artifacts["factorized"]
+    assert art.report.custom_kernels == {"stageml_lora": 1}
+    forward = art.mlir["iree"].split("@forward")[1]
+    assert "stageml_lora_f16" in forward and "linalg.matmul" not in forward
+    assert b"stageml_lora_f16" in art.vmfb
+
+
+@needs_nvcc
+def test_bfloat16_uses_the_bf16_kernels(sm90_artifacts):
+    _, art, _ = sm90_artifacts["bf16"]
+    assert "@stageml_sm90::@stageml_gemm_bf16" in art.mlir["iree"]
+    assert "stageml_gemm_f16" not in art.mlir["iree"].split("hal.executable.source")[0]
+
+
+def test_no_custom_kernels_is_iree_codegen_for_the_hopper_target():
+    _, art = _compile(torch.float16, custom_kernels=False)
+    assert art.report.custom_kernels == {}
+    assert "flow.dispatch" not in art.mlir["iree"] and "stageml_sm90" not in art.mlir["iree"]
+    assert _ptx_targets(art) == {b"sm_90"}
+    assert b"stageml_" not in art.vmfb
+
+
+def test_missing_nvcc_is_a_clear_error(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("STAGEML_NVCC", str(tmp_path / "no-nvcc"))
+    monkeypatch.setattr(build, "DEFAULT_DIR", tmp_path / "kernels")  # nothing built there
+    with pytest.raises(stageml.StageMLError, match="the sm90 target's custom kernels need nvcc .* "
+                                                   "or compile with --no-custom-kernels"):
+        _compile(torch.float16)
+    torch.manual_seed(0)
+    model = LoraLinear(d_in=64, d_out=64).eval().half()
+    pt2 = tmp_path / "m.pt2"
+    torch.export.save(torch.export.export(model, (torch.randn(2, 64).half(),)), str(pt2))
+    assert stagemlc.main([str(pt2), "-o", str(tmp_path / "r.vmfb"), "--target", "sm90", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("stagemlc: error: the sm90 target's custom kernels need nvcc") and err.count("\n") == 1
+    assert stagemlc.main([str(pt2), "-o", str(tmp_path / "r.vmfb"), "--target", "sm90", "-q",
+                          "--no-custom-kernels"]) == 0
+
+
+@needs_nvcc
+def test_kernels_rebuild_when_the_source_changes(monkeypatch, tmp_path):
+    source = tmp_path / "kernels.cu"
+    shutil.copy(build.SOURCE, source)
+    monkeypatch.setattr(build, "SOURCE", source)
+    out = build.build(tmp_path / "out")
+    first = (out / build.PTX).stat().st_mtime_ns
+    assert build.build(tmp_path / "out") == out and (out / build.PTX).stat().st_mtime_ns == first
+    source.write_text(source.read_text() + "\n// changed\n")
+    build.build(tmp_path / "out")
+    assert (out / build.PTX).stat().st_mtime_ns != first
+
+
+@pytest.mark.skipif(not _has_cuda(), reason="needs a CUDA GPU (Hopper)")
+@pytest.mark.parametrize("name", ["merged", "factorized", "bf16"])
+def test_sm90_residual_matches_pytorch(sm90_artifacts, name):
+    model, _, path = sm90_artifacts[name]
+    mod = stageml.load(path)
+    for rows in (1, 7, 200):
+        x = torch.randn(rows, 256).to(next(model.parameters()).dtype)
+        bound = 1e-2 if x.dtype == torch.bfloat16 else 2e-3
+        assert rel_err(mod(x), copy.deepcopy(model).double()(x.double())) <= bound
