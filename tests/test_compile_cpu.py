@@ -45,9 +45,10 @@ def test_merged_adapter_weight_is_stored_packed(tmp_path):
     art = stageml.compile(model, (x,), dynamic_shapes=({0: Dim("b", max=64)},))
     residual = art.mlir["iree"]
     # @adapter returns the merged weight packed, once; @forward takes it as
-    # its first argument and multiplies with mmt4d.
+    # its first argument (marked as @adapter's result 0) and multiplies with mmt4d.
     assert "func.func @adapter(%arg0: tensor<4x48xf32>, %arg1: tensor<64x4xf32>) -> tensor<4x48x16x1xf32>" in residual
-    assert "func.func @forward(%arg0: tensor<4x48x16x1xf32>, %arg1: tensor<?x48xf32>)" in residual
+    assert ("func.func @forward(%arg0: tensor<4x48x16x1xf32> {stageml.adapter_result = 0 : i64}, "
+            "%arg1: tensor<?x48xf32>)") in residual
     adapter, forward = residual.split("func.func @forward")
     assert "linalg.pack" in adapter.split("func.func @adapter")[1]
     assert "linalg.mmt4d" in forward and "linalg.matmul" not in forward

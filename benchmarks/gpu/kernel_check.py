@@ -237,6 +237,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ptx", help="kernels.cu built to PTX (compute_90a)")
     parser.add_argument("--quick", action="store_true", help="fewer odd shapes and ranks, 50 timed calls")
+    parser.add_argument("--report", metavar="MD", help="also write the table to this file")
     args = parser.parse_args()
     seed = int.from_bytes(os.urandom(4), "little")
     torch.manual_seed(seed)
@@ -250,6 +251,9 @@ def main() -> None:
         torch.cuda.empty_cache()
     print()
     print(table(rows))
+    if args.report:
+        with open(args.report, "w") as f:
+            f.write(table(rows) + "\n")
     if FAILURES:
         print(f"\n{len(FAILURES)} check(s) failed: {'; '.join(FAILURES)}")
         sys.exit(1)
