@@ -237,9 +237,7 @@ def linear_tenants(art_dir: str) -> dict:
         expected = reference(x.double(), adapter_names=[r or "__base__" for r in rows])
     timings = {}
     for policy in ("factorized", "merged"):
-        mod = stageml.load(os.path.join(art_dir, "linear-tenants-f16-sm90.vmfb"), policy=policy)
-        for name in names:
-            mod.load_adapter(name, os.path.join(art_dir, "adapters", name))
+        mod = tenant_module(art_dir, "linear-tenants-f16-sm90", policy, names)
         check(f"linear tenants f16 sm90 {policy}, 33 one-token rows of 8 adapters + base",
               rel_err(mod.run_batch(to_numpy(x), rows), expected), BOUNDS["f16"])
         if policy == "factorized":
@@ -262,29 +260,26 @@ def bench_host(fn, calls: int = 100, warmup: int = 10) -> float:
     return statistics.median(times)
 
 
+def tenant_module(art_dir: str, name: str, policy: str, adapters: list):
+    """The multi-tenant artifact `name` with `adapters` loaded from their PEFT directories."""
+    mod = stageml.load(os.path.join(art_dir, name + ".vmfb"), policy=policy)
+    for adapter in adapters:
+        mod.load_adapter(adapter, os.path.join(art_dir, "adapters", adapter))
+    return mod
+
+
 def tenants(art_dir: str, model) -> None:
     """Mixed batches of three PEFT adapters and the base model, both policies."""
     peft = model.m
     names = ["t0", "t1", "t2"]
     for name in names:
         peft.load_adapter(os.path.join(art_dir, "adapters", name), adapter_name=name)
-    peft = peft.double()
     rows = [None, "t0", "t1", "t2", "t0", None, "t2", "t1"]
     ids = torch.randint(0, 128, (len(rows), 12), device="cuda")
-    expected = []
     with torch.no_grad():
-        for i, name in enumerate(rows):
-            if name is None:
-                with peft.disable_adapter():
-                    expected.append(peft(input_ids=ids[i:i + 1], use_cache=False).logits)
-            else:
-                peft.set_adapter(name)
-                expected.append(peft(input_ids=ids[i:i + 1], use_cache=False).logits)
-    expected = torch.cat(expected)
+        expected = peft.double()(input_ids=ids, adapter_names=[r or "__base__" for r in rows], use_cache=False).logits
     for policy in ("factorized", "merged"):
-        mod = stageml.load(os.path.join(art_dir, "llama-tenants-f16-sm90.vmfb"), policy=policy)
-        for name in names:
-            mod.load_adapter(name, os.path.join(art_dir, "adapters", name))
+        mod = tenant_module(art_dir, "llama-tenants-f16-sm90", policy, names)
         check(f"llama tenants f16 sm90 {policy}, mixed batch of 8",
               rel_err(mod.run_batch(to_numpy(ids), rows), expected), BOUNDS["f16"])
         check(f"llama tenants f16 sm90 {policy}, one tenant",

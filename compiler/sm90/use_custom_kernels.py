@@ -16,7 +16,13 @@ multiple of 8 and N of 32:
   → %y = flow.dispatch @stageml_sm90::@stageml_lora_T[%M, %N](%x, %s, %a, %b, M, K, N, R, bits(s1*s2))
     (s1, s2: optional constant scales; the kernel keeps x@a in f32 on chip)
 
-The kernels read w in 32-column strips ([N/32, K, 32], kernels.cu), and that
+  BGMV: fuse-gathers' per-row product of one-token rows, each row against
+  its own slot of a factor table (multi-tenant @forward_factorized),
+    %y = linalg.generic ins(%x : tensor<Bx1xKxT>, %ids : tensor<Bxi64>) outs(%zero : tensor<Bx1xNxf32>)
+           { ... tensor.extract %table[%id, k, n] ... }
+  → %y = flow.dispatch @stageml_sm90::@stageml_bgmv_T[%B, %N](%x, %ids, %table, B, K, N)
+
+The GEMM and LoRA kernels read w in 32-column strips ([N/32, K, 32], kernels.cu), and that
 layout work is earlier-stage work: the pack of a global weight follows its
 load, where IREE's const-expr hoisting moves it to load time; the pack of
 adapter state (an @forward argument marked stageml.adapter_result) moves
