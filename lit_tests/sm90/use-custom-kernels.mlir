@@ -148,6 +148,34 @@ module {
     return %y : tensor<?x512xf16>
   }
 
+  // A multi-tenant residual's per-row product of one-token rows (fuse-gathers'
+  // form): each row against its own slot of the factor table.
+  // CHECK-LABEL: func.func @forward_factorized
+  // CHECK:         %[[B:.+]] = tensor.dim %arg0, %c0 : tensor<?x1x256xf16>
+  // CHECK:         %[[BI:.+]] = arith.index_cast %[[B]] : index to i32
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_bgmv_f16[%[[B]], %c16](%arg0, %arg1, %arg2, %[[BI]], %c256_i32, %c16_i32) : (tensor<?x1x256xf16>{%[[B]]}, tensor<?xi64>{%{{.+}}}, tensor<5x256x16xf16>, i32, i32, i32) -> tensor<?x1x16xf32>{%[[B]]}
+  // CHECK-NOT:     tensor.extract
+  func.func @forward_factorized(%x: tensor<?x1x256xf16>, %ids: tensor<?xi64>, %table: tensor<5x256x16xf16>) -> tensor<?x1x16xf32> {
+    %c0 = arith.constant 0 : index
+    %zero = arith.constant 0.0 : f32
+    %b = tensor.dim %x, %c0 : tensor<?x1x256xf16>
+    %e = tensor.empty(%b) : tensor<?x1x16xf32>
+    %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<?x1x16xf32>) -> tensor<?x1x16xf32>
+    %y = linalg.generic {indexing_maps = [affine_map<(b, m, n, k) -> (b, m, k)>, affine_map<(b, m, n, k) -> (b)>, affine_map<(b, m, n, k) -> (b, m, n)>], iterator_types = ["parallel", "parallel", "parallel", "reduction"]} ins(%x, %ids : tensor<?x1x256xf16>, tensor<?xi64>) outs(%acc : tensor<?x1x16xf32>) {
+    ^bb0(%in: f16, %id: i64, %out: f32):
+      %row = arith.index_cast %id : i64 to index
+      %n = linalg.index 2 : index
+      %k = linalg.index 3 : index
+      %w = tensor.extract %table[%row, %k, %n] : tensor<5x256x16xf16>
+      %wf = arith.extf %w : f16 to f32
+      %xf = arith.extf %in : f16 to f32
+      %p = arith.mulf %xf, %wf : f32
+      %s = arith.addf %out, %p : f32
+      linalg.yield %s : f32
+    } -> tensor<?x1x16xf32>
+    return %y : tensor<?x1x16xf32>
+  }
+
   // No match: f32 products (the kernels are f16 / bf16), and N = 20, not a
   // multiple of 8 (16-byte rows).
   // CHECK-LABEL: func.func @unmatched
