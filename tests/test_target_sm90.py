@@ -70,6 +70,21 @@ def test_bfloat16_uses_the_bf16_kernels(sm90_artifacts):
     assert "stageml_gemm_f16" not in art.mlir["iree"].split("hal.executable.source")[0]
 
 
+@needs_nvcc
+def test_multi_tenant_one_token_rows_use_bgmv():
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(256, 256, bias=False))
+    model = get_peft_model(base, LoraConfig(r=8, target_modules=["0"], init_lora_weights=False)).half().eval()
+    art = stageml.compile(model, (torch.randn(3, 256).half(),), dynamic_shapes=({0: Dim("rows", max=64)},),
+                          target="sm90", max_adapters=4, max_rank=8)
+    assert art.report.custom_kernels["stageml_bgmv"] == 2  # x@A and (x@A)@B of each row's own adapter
+    forward = art.mlir["iree"].split("@forward_factorized")[1]
+    assert "stageml_bgmv_f16" in forward and "tensor.extract %" not in forward
+    assert b"stageml_bgmv_f16" in art.vmfb
+
+
 def test_no_custom_kernels_is_iree_codegen_for_the_hopper_target():
     _, art = _compile(torch.float16, custom_kernels=False)
     assert art.report.custom_kernels == {}
