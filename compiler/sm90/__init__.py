@@ -15,7 +15,6 @@ the result needs the kernels' PTX on IREE's object search path
 
 from iree.compiler import ir, passmanager
 
-from stageml.compiler.sm90 import build
 from stageml.compiler.sm90.use_custom_kernels import EXECUTABLE, LIBRARY, use_custom_kernels
 
 TARGETS_ATTR = "hal.device.targets"
@@ -48,6 +47,8 @@ def run_pipeline(text: str, custom_kernels: bool = True, context: ir.Context | N
 def compile_flags(text: str) -> list:
     """iree-compile flags for the pipeline's output: the kernels' PTX
     directory (built if needed) when the module dispatches a kernel."""
+    from stageml.compiler.sm90.build import build  # (not at import: `python -m ...build` runs it)
+
     if f"hal.executable.source private @{EXECUTABLE}" not in text:
         return []
-    return [f"--iree-hal-executable-object-search-path={build.build()}"]
+    return [f"--iree-hal-executable-object-search-path={build()}"]
