@@ -4,12 +4,6 @@
 //
 //   stageml_gemm_T(const T* x, const T* w, T* y, int M, int K, int N)
 //     y[M,N] = x[M,K] @ w[K,N]
-//
-// w comes in StageML's strip layout: [N/32][K][32], each 32-column strip of
-// the [K,N] matrix stored whole, row after row. The sm90 pipeline packs w so
-// once, off the request path (at load for a static weight, in @adapter for
-// a merged one), and a block's 32 columns then stream from one contiguous
-// K*64-byte range instead of 64-byte pieces 2N bytes apart.
 //   stageml_lora_T(const T* x, const T* w, const T* a, const T* b, T* y,
 //                  int M, int K, int N, int R, uint32_t scale_bits)
 //     y = x @ w + scale * (x @ a) @ b, a[K,R], b[R,N], scale = bits as f32.
@@ -19,10 +13,16 @@
 //     residual's per-row product with each row's own adapter factor (BGMV).
 //     Grid (ceil(N / 32), max(B, 1), 1).
 //
+// w comes in StageML's strip layout: [N/32][K][32], each 32-column strip of
+// the [K,N] matrix stored whole, row after row. The sm90 pipeline packs w so
+// once, off the request path (at load for a static weight, in @adapter for
+// a merged one), and a block's 32 columns then stream from one contiguous
+// K*64-byte range instead of 64-byte pieces 2N bytes apart.
+//
 // ABI (IREE CUDA): bindings as pointers in order (inputs, then y), then the
-// push constants as 32-bit values. All buffers dense row-major.
+// push constants as 32-bit values. Buffers are dense and row-major, but w in strips.
 // Block: 256 x 1 x 1 threads. Grid, from M and N:
-//   M <= 64:  (ceil(N / 32), 1, 1)                 streaming path
+//   M <= 64:  (ceil(N / 32), 1, 1)                 GEMV and streaming paths
 //   M >  64:  (ceil(N / 64), ceil(M / 64), 1)      tiled path
 // M = 0 launches ceil(N / 32) blocks, which return at once.
 //
@@ -39,7 +39,8 @@
 // LoRA: a's row k rides along (ranks 8*(t%4)..+7). Warps are summed by
 // shuffles, then in shared memory.
 //
-// Streaming path (4 < M <= 64, memory-bound): a block owns one 32-column strip
+// Streaming path (4 < M <= 64; latency-bound as measured on an H200, 2-4x
+// cuBLAS): a block owns one 32-column strip
 // of w over all of K; its 8 warps take interleaved 16-row steps of K. Each lane loads
 // 4 rows x 4 columns of w (8-byte loads straight from global, several steps
 // in flight) and pairs rows with byte permutes into mma B fragments, so the
