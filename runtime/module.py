@@ -63,6 +63,16 @@ def numpy_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
+def _runtime_config(device: str) -> iree_rt.Config:
+    """IREE's runtime for `device`. CUDA gets IREE's caching allocator: with the
+    default one, every call's buffer allocations cost more than the residual
+    (on an H200, a multi-tenant call took 1.9 ms with numpy inputs, 0.19 ms
+    with caching; iree-benchmark-module timed the same function at 0.08 ms)."""
+    if device == "cuda":
+        return iree_rt.Config(device=iree_rt.get_driver("cuda").create_default_device(allocators=["caching"]))
+    return iree_rt.Config(device)
+
+
 class ResidualModule:
     """A loaded residual: call it like the model (`mod(x)`).
 
@@ -81,7 +91,7 @@ class ResidualModule:
             if not os.path.isfile(file):
                 raise ArtifactError(f"{what} {file!r} is missing: keep the files stagemlc wrote together")
         try:
-            self._config = iree_rt.Config(device)
+            self._config = _runtime_config(device)
         except Exception:
             raise ArtifactError(f"IREE device {device!r} is not available here: run this {self.manifest['target']} "
                                 "residual where that device exists, or compile for --target cpu") from None
