@@ -308,28 +308,24 @@ __device__ __forceinline__ void stream_path(const T* x, const T* w, const T* a, 
         for (int u = 0; u < U; ++u) load_a(u);
       }
     }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
+    // Step u's x tiles times one lane's 4 rows of B (w's or a's), its 4 n-tiles.
+    const auto multiply = [&](int u, const uint2 (&rows)[4], float (&out)[MT][4][4]) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const uint32_t b0 = pair(wr[u][0], wr[u][1], j), b1 = pair(wr[u][2], wr[u][3], j);
+        const uint32_t b0 = pair(rows[0], rows[1], j), b1 = pair(rows[2], rows[3], j);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           const uint32_t af[4] = {xr[u][mt][0].x, xr[u][mt][1].x, xr[u][mt][0].y, xr[u][mt][1].y};
-          mma<T>(acc[mt][j], af, b0, b1);
+          mma<T>(out[mt][j], af, b0, b1);
         }
       }
+    };
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      multiply(u, wr[u], acc);
       if constexpr (LORA) {
         if (!a_vec) load_a(u);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t b0 = pair(ar[u][0], ar[u][1], j), b1 = pair(ar[u][2], ar[u][3], j);
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            const uint32_t af[4] = {xr[u][mt][0].x, xr[u][mt][1].x, xr[u][mt][0].y, xr[u][mt][1].y};
-            mma<T>(tacc[mt][j], af, b0, b1);
-          }
-        }
+        multiply(u, ar[u], tacc);
       }
     }
   }
