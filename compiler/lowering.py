@@ -27,6 +27,7 @@ from torch_mlir import ir
 from torch_mlir.compiler_utils import run_pipeline_with_repro_report
 
 from stageml.binding_time import BindingTime
+from stageml.compiler import adapter_state
 from stageml.compiler.fuse_gathers import fuse_gathers
 from stageml.compiler.pack_weights import pack_weights
 from stageml.compiler.ir import NAME, TABLE, TIME, Diagnostics, arg_attrs, parse_time, vtensor_shape
@@ -34,7 +35,6 @@ from stageml.compiler.passes.bt_split import STAGE_FUNCS
 from stageml.errors import CompileError
 
 PARAMETER_SCOPE = "model"
-ADAPTER_RESULT = "stageml.adapter_result"  # on a @forward argument: the @adapter result it is
 
 # torch element types → numpy dtype names
 DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64",
@@ -225,24 +225,13 @@ def residual_module(linalg: str, sigs: dict, slots: int = 0, packs_weights: bool
                 state = {} if suffix or asig is None else {
                     i: [r.name for r in asig.results].index(a.name)
                     for i, a in enumerate(a for a in fsig.args if a.time != "static") if a.time == "adapter"}
+                adapter_state.mark(forward, state)
                 if packs_weights:
-                    pack_weights(forward, adapter, state)
-                _mark_adapter_state(forward, state)
+                    pack_weights(forward, adapter)
                 for func in (forward, adapter):
                     if func is not None:
                         retype(func)
         return str(module)
-
-
-def _mark_adapter_state(forward, state: dict) -> None:
-    """Marks each @forward argument that is @adapter result i with
-    {stageml.adapter_result = i}, for later layout work on adapter state."""
-    if not state:
-        return
-    count = len(forward.regions[0].blocks[0].arguments)
-    forward.attributes["arg_attrs"] = iree_ir.ArrayAttr.get([iree_ir.DictAttr.get(
-        {ADAPTER_RESULT: iree_ir.IntegerAttr.get(iree_ir.IntegerType.get_signless(64), state[i])} if i in state else {})
-        for i in range(count)])
 
 
 def _use_parameters(module, func, sig, parameters: dict) -> None:

@@ -22,6 +22,8 @@ types are left to IREE.
 from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, tensor
 
+from stageml.compiler.adapter_state import adapter_result, state_arguments
+
 M0, N0, K0 = 16, 16, 1
 
 
@@ -86,15 +88,14 @@ def _packable_products(value) -> list:
     return []
 
 
-def pack_weights(forward, adapter=None, state=None) -> int:
+def pack_weights(forward, adapter=None) -> int:
     """Rewrites `forward`'s products against global weights and against the
-    adapter state it receives (`state`: {forward argument index: @adapter
-    result index}); returns how many. Function types are left to the caller."""
+    adapter state it receives (its arguments marked by adapter_state.mark);
+    returns how many. Function types are left to the caller."""
     rewritten = 0
     weights = [op.operation.results[0] for op in forward.regions[0].blocks[0].operations
                if op.operation.name == "util.global.load"]
-    arguments = forward.regions[0].blocks[0].arguments
-    weights += [arguments[i] for i in (state or {})]
+    weights += state_arguments(forward)
     ret = list(adapter.regions[0].blocks[0].operations)[-1] if adapter is not None else None
     for weight in weights:
         matmuls = _packable_products(weight)
@@ -103,7 +104,7 @@ def pack_weights(forward, adapter=None, state=None) -> int:
         type_ = ir.RankedTensorType(weight.type)
         k, n = type_.shape
         if isinstance(weight.owner, ir.Block):  # adapter state: @adapter returns it packed
-            result = state[ir.BlockArgument(weight).arg_number]
+            result = adapter_result(forward, weight)
             with ir.InsertionPoint(ret), ret.location:
                 ret.operands[result] = _pack_rhs(ret.operands[result], k, n, type_.element_type)
             weight.set_type(_packed_rhs_type(k, n, type_.element_type))

@@ -42,7 +42,8 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, flow, linalg, tensor
 
 from stageml.compiler.fuse_gathers import fused_product
-from stageml.compiler.lowering import ADAPTER_RESULT, retype
+from stageml.compiler.adapter_state import adapter_result
+from stageml.compiler.lowering import retype
 from stageml.compiler.pack_weights import is_zero_fill
 
 EXECUTABLE = "stageml_sm90"
@@ -180,9 +181,8 @@ class _Strips:
         if w in self.packed:
             return self.packed[w]
         name = ir.StringAttr(func.attributes["sym_name"]).value
-        result = self._adapter_result(w, func)
-        if result is not None:
-            adapter = self.functions[name.replace("forward", "adapter")]
+        result, adapter = adapter_result(func, w), self.functions.get(name.replace("forward", "adapter"))
+        if result is not None and adapter is not None:
             ret = list(adapter.regions[0].blocks[0].operations)[-1]
             with ir.InsertionPoint(ret), ret.location:
                 ret.operands[result] = _pack(ret.operands[result])
@@ -199,16 +199,6 @@ class _Strips:
                 packed = _pack(w)
         self.packed[w] = packed
         return packed
-
-    def _adapter_result(self, w, func):
-        """The @adapter result index of a @forward argument marked as adapter state, else None."""
-        if not isinstance(w.owner, ir.Block) or "arg_attrs" not in func.attributes:
-            return None
-        attrs = ir.DictAttr(ir.ArrayAttr(func.attributes["arg_attrs"])[ir.BlockArgument(w).arg_number])
-        name = ir.StringAttr(func.attributes["sym_name"]).value.replace("forward", "adapter")
-        if ADAPTER_RESULT not in attrs or name not in self.functions:
-            return None
-        return ir.IntegerAttr(attrs[ADAPTER_RESULT]).value
 
 
 def _pack(w) -> ir.Value:
