@@ -135,6 +135,8 @@ def _lora(base, adapted) -> _Match | None:
     if up is None:
         return None
     t, b, up_ops = up
+    if not _one_use(t):  # x@A (scaled) is also used elsewhere: it must stay
+        return None
     t, inner_scale, inner_ops = _scaled(t)
     down = _product(t)
     if down is None or down[0] != x:

@@ -100,6 +100,53 @@ module {
     return %y : tensor<?x512xbf16>
   }
 
+  // x@A is also a result: the site stays unfused (its products may still
+  // become GEMMs; x@A's 8 columns are too few for the strips).
+  // CHECK-LABEL: func.func @lora_shared_down
+  // CHECK-NOT:     stageml_lora
+  // CHECK:         return
+  func.func @lora_shared_down(%x: tensor<?x256xbf16>, %a: tensor<256x8xbf16>, %b: tensor<8x512xbf16>, %w: tensor<256x512xbf16>) -> (tensor<?x512xbf16>, tensor<?x8xbf16>) {
+    %c0 = arith.constant 0 : index
+    %zero = arith.constant 0.0 : f32
+    %s = arith.constant 2.0 : bf16
+    %m = tensor.dim %x, %c0 : tensor<?x256xbf16>
+    %e = tensor.empty(%m) : tensor<?x512xf32>
+    %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<?x512xf32>) -> tensor<?x512xf32>
+    %p = linalg.matmul ins(%x, %w : tensor<?x256xbf16>, tensor<256x512xbf16>) outs(%acc : tensor<?x512xf32>) -> tensor<?x512xf32>
+    %e16 = tensor.empty(%m) : tensor<?x512xbf16>
+    %base = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%p : tensor<?x512xf32>) outs(%e16 : tensor<?x512xbf16>) {
+    ^bb0(%in: f32, %out: bf16):
+      %t = arith.truncf %in : f32 to bf16
+      linalg.yield %t : bf16
+    } -> tensor<?x512xbf16>
+    %er = tensor.empty(%m) : tensor<?x8xf32>
+    %accr = linalg.fill ins(%zero : f32) outs(%er : tensor<?x8xf32>) -> tensor<?x8xf32>
+    %pd = linalg.matmul ins(%x, %a : tensor<?x256xbf16>, tensor<256x8xbf16>) outs(%accr : tensor<?x8xf32>) -> tensor<?x8xf32>
+    %er16 = tensor.empty(%m) : tensor<?x8xbf16>
+    %down = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%pd : tensor<?x8xf32>) outs(%er16 : tensor<?x8xbf16>) {
+    ^bb0(%in: f32, %out: bf16):
+      %t = arith.truncf %in : f32 to bf16
+      linalg.yield %t : bf16
+    } -> tensor<?x8xbf16>
+    %pu = linalg.matmul ins(%down, %b : tensor<?x8xbf16>, tensor<8x512xbf16>) outs(%acc : tensor<?x512xf32>) -> tensor<?x512xf32>
+    %up = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%pu : tensor<?x512xf32>) outs(%e16 : tensor<?x512xbf16>) {
+    ^bb0(%in: f32, %out: bf16):
+      %t = arith.truncf %in : f32 to bf16
+      linalg.yield %t : bf16
+    } -> tensor<?x512xbf16>
+    %scaled = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%up : tensor<?x512xbf16>) outs(%e16 : tensor<?x512xbf16>) {
+    ^bb0(%in: bf16, %out: bf16):
+      %t = arith.mulf %in, %s : bf16
+      linalg.yield %t : bf16
+    } -> tensor<?x512xbf16>
+    %y = linalg.generic {indexing_maps = [#map, #map, #map], iterator_types = ["parallel", "parallel"]} ins(%base, %scaled : tensor<?x512xbf16>, tensor<?x512xbf16>) outs(%e16 : tensor<?x512xbf16>) {
+    ^bb0(%in: bf16, %in_1: bf16, %out: bf16):
+      %t = arith.addf %in, %in_1 : bf16
+      linalg.yield %t : bf16
+    } -> tensor<?x512xbf16>
+    return %y, %down : tensor<?x512xbf16>, tensor<?x8xbf16>
+  }
+
   // Adapter state (a @forward argument marked with its @adapter result): the
   // pack moves into @adapter, which returns the strips.
   // CHECK-LABEL: func.func @adapter(%arg0: tensor<256x512xf16>) -> tensor<16x256x32xf16>
