@@ -184,7 +184,7 @@ class _Strips:
             return self.packed[w]
         name = ir.StringAttr(func.attributes["sym_name"]).value
         result, adapter = adapter_result(func, w), self.functions.get(name.replace("forward", "adapter"))
-        if result is not None and adapter is not None:
+        if result is not None and adapter is not None and _one_use(w):  # (its type changes for all uses)
             ret = list(adapter.regions[0].blocks[0].operations)[-1]
             with ir.InsertionPoint(ret), ret.location:
                 ret.operands[result] = _pack(ret.operands[result])
