@@ -12,7 +12,7 @@
 // CHECK-NEXT: %[[L1:[0-9]+]] = "bt.lift"(%[[M]]) {bt.time = #bt.time<"dynamic">, from = #bt.time<"adapter">, name = "adapter.0", to = #bt.time<"dynamic">}
 // CHECK-NEXT: %[[Y:[0-9]+]] = torch.aten.matmul %arg2, %[[L1]] {bt.time = #bt.time<"dynamic">}
 // CHECK-NEXT: return %[[Y]] : !torch.vtensor<[?,4],f32>
-func.func @main(%arg0: !torch.vtensor<[4,8],f32> {bt.name = "fc.weight", bt.time = #bt.time<"static">}, %arg1: !torch.vtensor<[8,4],f32> {bt.name = "fc.delta", bt.time = #bt.time<"adapter">}, %arg2: !torch.vtensor<[?,8],f32> {bt.name = "x", bt.time = #bt.time<"dynamic">}) -> !torch.vtensor<[?,4],f32> {
+func.func @main(%arg0: !torch.vtensor<[4,8],f32> {bt.name = "fc.weight", bt.time = #bt.time<"static">}, %arg1: !torch.vtensor<[8,4],f32> {bt.name = "fc.delta", bt.time = #bt.time<"adapter">}, %arg2: !torch.vtensor<[?,8],f32> {bt.name = "x", bt.time = #bt.time<"dynamic">}) -> !torch.vtensor<[?,4],f32> attributes {bt.program = "main"} {
   %int0 = torch.constant.int 0 {bt.time = #bt.time<"static">}
   %int1 = torch.constant.int 1 {bt.time = #bt.time<"static">}
   %0 = torch.aten.transpose.int %arg0, %int0, %int1 {bt.time = #bt.time<"static">} : !torch.vtensor<[4,8],f32>, !torch.int, !torch.int -> !torch.vtensor<[8,4],f32>

@@ -1,11 +1,15 @@
 // RUN: stageml-opt %s -p flatten-matmul | filecheck %s
-// RUN: stageml-opt %s -p bt-annotate,bt-propagate,bt-lift,bt-split,flatten-matmul --stage 'fc.weight=static' | filecheck %s --check-prefix=SPLIT
 
 // matmul(x[...,K], W[K,N]) with a 2-D W becomes flatten + one 2-D mm + a
 // view back; dynamic leading dims are read with aten.size.int, static ones
-// fold into the flattened type. A 2-D x is left alone.
+// fold into the flattened type. A 2-D x is left alone. In the compiler it
+// runs after bt-split, on every stage function: here bt-split's @forward,
+// whose facts (bt.stage, bt.program, bt.kind, bt.name) stay as they are.
 
-// CHECK-LABEL: func.func @main
+// CHECK-LABEL: func.func @forward
+// CHECK-SAME:    (%arg0: !torch.vtensor<[8,4],f32> {bt.kind = "parameter", bt.name = "fc.weight"}, %arg1: !torch.vtensor<[?,?,8],f32> {bt.kind = "input", bt.name = "x"}
+// CHECK-SAME:    -> (!torch.vtensor<[?,?,4],f32> {bt.kind = "output", bt.name = "output.0"},
+// CHECK-SAME:    attributes {bt.program = "main", bt.stage = "dynamic"}
 // CHECK:      %[[X2:[0-9]+]] = torch.aten.flatten.using_ints %arg1, %int0, %int1 : !torch.vtensor<[?,?,8],f32>, !torch.int, !torch.int -> !torch.vtensor<[?,8],f32>
 // CHECK-NEXT: %[[Y2:[0-9]+]] = torch.aten.mm %[[X2]], %arg0 : !torch.vtensor<[?,8],f32>, !torch.vtensor<[8,4],f32> -> !torch.vtensor<[?,4],f32>
 // CHECK-NEXT: %[[C0:[a-z0-9_]+]] = torch.constant.int 0
@@ -26,16 +30,7 @@
 // The 2-D product stays a matmul.
 // CHECK-NEXT: %[[U:[0-9]+]] = torch.aten.matmul %arg3, %arg0 : !torch.vtensor<[?,8],f32>, !torch.vtensor<[8,4],f32> -> !torch.vtensor<[?,4],f32>
 // CHECK-NEXT: return %[[Y]], %[[T]], %[[U]] :
-
-// In the compiler it runs after bt-split, on every stage function.
-// SPLIT-LABEL: func.func @forward
-// SPLIT:       torch.aten.flatten.using_ints %arg1
-// SPLIT-NEXT:  torch.aten.mm %{{[0-9]+}}, %arg0 : !torch.vtensor<[?,8],f32>, !torch.vtensor<[8,4],f32> -> !torch.vtensor<[?,4],f32>
-// SPLIT:       torch.aten.flatten.using_ints %arg2
-// SPLIT-NEXT:  torch.aten.mm %{{[0-9]+}}, %arg0 : !torch.vtensor<[6,8],f32>, !torch.vtensor<[8,4],f32> -> !torch.vtensor<[6,4],f32>
-// SPLIT-NOT:   torch.aten.matmul %arg1
-// SPLIT-NOT:   torch.aten.matmul %arg2
-func.func @main(%arg0: !torch.vtensor<[8,4],f32> {bt.name = "fc.weight"}, %arg1: !torch.vtensor<[?,?,8],f32> {bt.name = "x"}, %arg2: !torch.vtensor<[2,3,8],f32> {bt.name = "y"}, %arg3: !torch.vtensor<[?,8],f32> {bt.name = "z"}) -> (!torch.vtensor<[?,?,4],f32>, !torch.vtensor<[2,3,4],f32>, !torch.vtensor<[?,4],f32>) {
+func.func @forward(%arg0: !torch.vtensor<[8,4],f32> {bt.kind = "parameter", bt.name = "fc.weight"}, %arg1: !torch.vtensor<[?,?,8],f32> {bt.kind = "input", bt.name = "x"}, %arg2: !torch.vtensor<[2,3,8],f32> {bt.kind = "input", bt.name = "y"}, %arg3: !torch.vtensor<[?,8],f32> {bt.kind = "input", bt.name = "z"}) -> (!torch.vtensor<[?,?,4],f32> {bt.kind = "output", bt.name = "output.0"}, !torch.vtensor<[2,3,4],f32> {bt.kind = "output", bt.name = "output.1"}, !torch.vtensor<[?,4],f32> {bt.kind = "output", bt.name = "output.2"}) attributes {bt.program = "main", bt.stage = "dynamic"} {
   %0 = torch.aten.matmul %arg1, %arg0 : !torch.vtensor<[?,?,8],f32>, !torch.vtensor<[8,4],f32> -> !torch.vtensor<[?,?,4],f32>
   %1 = torch.aten.matmul %arg2, %arg0 : !torch.vtensor<[2,3,8],f32>, !torch.vtensor<[8,4],f32> -> !torch.vtensor<[2,3,4],f32>
   %2 = torch.aten.matmul %arg3, %arg0 : !torch.vtensor<[?,8],f32>, !torch.vtensor<[8,4],f32> -> !torch.vtensor<[?,4],f32>
