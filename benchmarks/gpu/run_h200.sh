@@ -4,11 +4,13 @@
 #   (here)   .venv/bin/python benchmarks/gpu/prepare.py out/gpu   # compiles the artifacts
 #   (there)  benchmarks/gpu/run_h200.sh out/gpu REPORT_DIR [COMMIT]
 #
-# There it needs python3 with PyTorch (CUDA), CuPy, transformers and PEFT, and
-# the IREE runtime wheel in .whl/ (README "GPU targets"). First the kernels
-# alone (kernel_check.py: CUDA events, against cuBLAS), then the residuals
-# (h200.py). Writes REPORT_DIR/h200.md (both tables, the machine and COMMIT)
-# and the full logs beside it; exits 1 if any check failed.
+# There it needs python3 with PyTorch (CUDA), CuPy, pytest, transformers and
+# PEFT, and the IREE runtime wheel in .whl/ (README "GPU targets"). First the
+# kernels alone: their checks (pytest -m gpu tests/test_kernels_gpu.py,
+# against float64 PyTorch) and timings (kernel_check.py: CUDA events, against
+# cuBLAS), then the residuals (h200.py). Writes REPORT_DIR/h200.md (both
+# tables, the machine and COMMIT) and the full logs beside it; exits 1 if any
+# check failed.
 set -euo pipefail
 ART=${1:-out/gpu}
 REPORT=${2:-$ART}
@@ -18,6 +20,9 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/iree_base
 ln -sfn "$PWD" /tmp/pkg/stageml
 export PYTHONPATH=/tmp/pkg:/tmp/site PYTHONUNBUFFERED=1
 status=0
+count() { local n; n=$(grep -c -- "$1" "$2" 2>/dev/null) || true; echo "${n:-0}"; }
+STAGEML_SM90_PTX="$ART/stageml_sm90.ptx" python3 -m pytest -m gpu -v -rs -p no:cacheprovider \
+  tests/test_kernels_gpu.py > "$REPORT/kernel-checks.log" 2>&1 || status=1
 python3 benchmarks/gpu/kernel_check.py "$ART/stageml_sm90.ptx" --report "$REPORT/kernels.md" \
   > "$REPORT/kernels.log" 2>&1 || status=1
 python3 benchmarks/gpu/h200.py "$ART" "$REPORT/residuals.md" > "$REPORT/residuals.log" 2>&1 || status=1
@@ -27,8 +32,9 @@ python3 benchmarks/gpu/h200.py "$ART" "$REPORT/residuals.md" > "$REPORT/residual
   echo "- GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
   echo "- $(python3 -c 'import torch, cupy; print(f"torch {torch.__version__}, cupy {cupy.__version__}")'), IREE runtime 3.13.0"
   echo "- commit $COMMIT; artifacts compiled by benchmarks/gpu/prepare.py"
-  echo "- checks (each on fresh random inputs against float64): $(cat "$REPORT"/*.log | grep -c '^PASS' || true)" \
-       "passed, $(cat "$REPORT"/*.log | grep -c '^FAIL' || true) failed"
+  echo "- checks (each on fresh random inputs against float64):" \
+       "$(( $(count ' PASSED' "$REPORT/kernel-checks.log") + $(count '^PASS' "$REPORT/residuals.log") )) passed," \
+       "$(( $(count ' FAILED' "$REPORT/kernel-checks.log") + $(count '^FAIL' "$REPORT/residuals.log") )) failed"
   echo
   echo "## Kernels alone, K = N = 4096 (kernel_check.py)"
   echo
@@ -41,6 +47,7 @@ python3 benchmarks/gpu/h200.py "$ART" "$REPORT/residuals.md" > "$REPORT/residual
   echo
   cat "$REPORT/residuals.md" 2>/dev/null || echo "(h200.py failed: see residuals.log)"
 } > "$REPORT/h200.md"
-grep -h '^FAIL' "$REPORT/kernels.log" "$REPORT/residuals.log" || true
+grep -h ' FAILED' "$REPORT/kernel-checks.log" || true
+grep -h '^FAIL' "$REPORT/residuals.log" || true
 cat "$REPORT/h200.md"
 exit $status

@@ -4,14 +4,26 @@
 //
 //   stageml_gemm_T(const T* x, const T* w, T* y, int M, int K, int N)
 //     y[M,N] = x[M,K] @ w[K,N]
+//     y[m,n] = T(sum_k f32(x[m,k]) * f32(w[k,n])): f32 sums, one rounding.
 //   stageml_lora_T(const T* x, const T* w, const T* a, const T* b, T* y,
 //                  int M, int K, int N, int R, uint32_t scale_bits)
 //     y = x @ w + scale * (x @ a) @ b, a[K,R], b[R,N], scale = bits as f32.
 //     t = x @ a stays on chip in f32; w is read once.
+//     v = sum_k f32(x) f32(w), t = sum_k f32(x) f32(a), l = sum_r t f32(b),
+//     all f32 (t is never rounded to T); y = T(fmaf(scale, l, v)): the scale
+//     is applied once, after both products, in f32; one rounding.
 //   stageml_bgmv_T(const T* x, const int64_t* ids, const T* table, float* y, int B, int K, int N)
 //     y[b,:] = x[b,:] @ table[ids[b]] (f32), table [S,K,N]: a multi-tenant
 //     residual's per-row product with each row's own adapter factor (BGMV).
-//     Grid (ceil(N / 32), max(B, 1), 1).
+//     y[b,n] = sum_k f32(x[b,k]) * f32(table[ids[b],k,n]) in f32, not rounded.
+//     x is [B,K] (one token per row), table dense [S][K][N] (no strips),
+//     ids int64 slot numbers, which the kernel trusts: 0 <= ids[b] < S is the
+//     caller's. Any K and N. Grid (ceil(N / 32), max(B, 1), 1).
+//
+// reference.mlir holds each kernel's CPU reference in linalg (the same
+// operands and push constants; use-custom-kernels{lowering=reference}
+// calls it instead of the kernel), and checks what of the caller
+// guarantees below its operands show. A change of semantics here changes it.
 //
 // w comes in StageML's strip layout: [N/32][K][32], each 32-column strip of
 // the [K,N] matrix stored whole, row after row. The sm90 pipeline packs w so
@@ -26,7 +38,7 @@
 //   M >  64:  (ceil(N / 64), ceil(M / 64), 1)      tiled path
 // M = 0 launches ceil(N / 32) blocks, which return at once.
 //
-// Caller guarantees: K a multiple of 8, N of 32; 0 <= M; 1 <= R <= 32;
+// Caller guarantees (GEMM and LoRA): K a multiple of 8, N of 32; 0 <= M; 1 <= R <= 32;
 // M*K, K*N, M*N < 2^31; pointers aligned to their element (2 bytes).
 // x and w 16-byte aligned select the fast paths; otherwise a scalar path
 // (slow, any grid) computes the same result. y, a and b may have any

@@ -1,5 +1,6 @@
 """use-custom-kernels: the residual's hot products become dispatches of
-StageML's hand-written Hopper kernels (kernels.cu, declared in hopper.mlir).
+StageML's hand-written Hopper kernels (kernels.cu, declared in hopper.mlir),
+or, with `lowering=reference`, calls of their CPU references (reference.mlir).
 
 On the IREE input (linalg on tensors), with T = f16 or bf16, K a static
 multiple of 8 and N of 32:
@@ -17,21 +18,43 @@ multiple of 8 and N of 32:
     (s1, s2: optional constant scales; the kernel keeps x@a in f32 on chip)
 
   BGMV: fuse-gathers' per-row product of one-token rows, each row against
-  its own slot of a factor table (multi-tenant @forward_factorized),
+  its own slot of a factor table (multi-tenant, program "factorized"),
     %y = linalg.generic ins(%x : tensor<Bx1xKxT>, %ids : tensor<Bxi64>) outs(%zero : tensor<Bx1xNxf32>)
            { ... tensor.extract %table[%id, k, n] ... }
   → %y = flow.dispatch @stageml_sm90::@stageml_bgmv_T[%B, %N](%x, %ids, %table, B, K, N)
 
-The GEMM and LoRA kernels read w in 32-column strips ([N/32, K, 32], kernels.cu), and that
-layout work is earlier-stage work: the pack of a global weight follows its
-load, where IREE's const-expr hoisting moves it to load time; the pack of
-adapter state (an @forward argument marked stageml.adapter_result) moves
-into @adapter, which returns it packed. A product against any other value
-stays with IREE on the request path (@forward*), where a pack would cost a
-pass over w per call; elsewhere (@adapter*) its pack is inline.
+  lowering=reference: each `flow.dispatch @stageml_sm90::@K(operands)` above
+  is instead
+    %y = tensor.cast(func.call @K_reference(tensor.cast(operands)))
+  with the same operands, strips and push constants, and @K_reference
+  (reference.mlir, the kernel's semantics in linalg) is cloned into the
+  module: the matcher's output then runs on IREE's CPU backend.
 
-Every intermediate a match removes must have no other use. LoRA sites are
-matched first, so their base products do not become GEMMs of their own.
+The GEMM and LoRA kernels read w in 32-column strips ([N/32, K, 32]), and
+that layout work is earlier-stage work: the pack of a global weight follows
+its load, where IREE's const-expr hoisting moves it to load time; the pack of
+adapter state (an argument with `bt.result = i`, the i-th result of the
+function with `bt.stage = "adapter"` and the same `bt.program`) moves into
+that adapter function, which returns it packed, when the kernel is the
+argument's one use (its type changes for all uses). On the request path
+(a function with `bt.stage = "dynamic"`) a product against any other value
+stays with IREE, as its pack would cost a pass over w per call; anywhere
+else the pack is inline. Each weight is packed once.
+
+Every intermediate a match removes must have no other use. The input is
+expected CSE'd (the products of one LoRA site share their rows' SSA value).
+
+The rewrites are patterns of the MLIR bindings (`RewritePatternSet`), all
+rooted at `linalg.generic` and applied by the greedy driver, which also
+erases the ops a match left dead. Their benefits (LoRA 3, GEMM 2, BGMV 1)
+order them only on one root op, and the three never share one: a LoRA
+site's root is its add, while the products inside it are GEMM roots of
+their own, visited in whatever order the driver takes. So the GEMM pattern
+declines a product that a LoRA site which will be rewritten consumes; that,
+not the benefit, makes LoRA win whatever the order. The strips (packed once
+per weight) and the adapter functions whose results change are state the
+patterns share (`_Strips`), and function types are set after the driver
+finishes.
 """
 
 import dataclasses
@@ -39,30 +62,48 @@ import pathlib
 import struct
 
 from iree.compiler import ir
-from iree.compiler.dialects import arith, flow, linalg, tensor
+from iree.compiler import rewrite
+from iree.compiler.dialects import arith, flow, func as func_d, tensor, linalg
 
-from stageml.compiler.fuse_gathers import fused_product
-from stageml.compiler.adapter_state import adapter_result
-from stageml.compiler.lowering import retype
-from stageml.compiler.pack_weights import is_zero_fill
+from stageml.compiler import facts
+from stageml.compiler.passes import register
+from stageml.compiler.passes.fuse_gathers import fused_product
+from stageml.compiler.residual_ir import is_zero_fill, retype
+from stageml.compiler.sm90 import EXECUTABLE, HOPPER
+from stageml.errors import CompileError
 
-EXECUTABLE = "stageml_sm90"
-LIBRARY = pathlib.Path(__file__).with_name("hopper.mlir")
+LIBRARY = HOPPER  # (the kernels' declarations: `hal.executable.source @stageml_sm90`)
+REFERENCES = pathlib.Path(__file__).with_name("reference.mlir")
+REFERENCE_OF = "stageml.reference_of"  # reference.mlir: the kernel a function is the reference of
 MAX_RANK = 32
 STRIP = 32  # columns of w per strip (kernels.cu)
+LOWERINGS = ("dispatch", "reference")
 _ELEMENT_TYPES = ("f16", "bf16")
+
+
+@dataclasses.dataclass(frozen=True)
+class UseCustomKernelsOptions:
+    """lowering: "dispatch" (flow.dispatch of the kernel) or "reference" (func.call of its CPU reference)."""
+
+    lowering: str = "dispatch"
+
+    def __post_init__(self):
+        if self.lowering not in LOWERINGS:
+            raise CompileError(f"use-custom-kernels: lowering={self.lowering!r} is unknown: "
+                               f"choose {' or '.join(LOWERINGS)}")
 
 
 @dataclasses.dataclass
 class _Match:
-    """A kernel call to replace `ops` (the last is the root whose result it takes)."""
+    """A kernel call to replace `root` (the op whose result it takes)."""
 
     kernel: str          # without the _f16 / _bf16 suffix
     operands: list       # tensors, in the kernel's binding order
     constants: list      # i32 push constants after the row count
-    ops: list            # producers first; erased last to first
     weight: int | None = 1  # the operand read in strips, if any
 
+
+# -- matching -------------------------------------------------------------------
 
 def _elementwise(value, body: list):
     """The linalg.generic defining `value` when it is elementwise with ops `body`, else None."""
@@ -83,7 +124,7 @@ def _one_use(value) -> bool:
 
 
 def _product(value):
-    """(x, w, ops) when `value` = truncf(matmul(x, w) into a zero f32 fill), each used once."""
+    """(x, w) when `value` = truncf(matmul(x, w) into a zero f32 fill), the matmul used once."""
     trunc = _elementwise(value, ["arith.truncf", "linalg.yield"])
     if trunc is None or len(trunc.inputs) != 1 or not _one_use(trunc.inputs[0]):
         return None
@@ -96,58 +137,71 @@ def _product(value):
     if (element not in _ELEMENT_TYPES or str(w_type.element_type) != element or not w_type.has_static_shape
             or str(ir.RankedTensorType(acc.type).element_type) != "f32" or not is_zero_fill(acc)):
         return None
-    return x, w, [matmul.operation, trunc.operation]
+    return x, w
 
 
 def _scaled(value):
-    """(inner, s, ops) when `value` = inner * a constant s used once, else (value, 1.0, [])."""
+    """(inner, s) when `value` = inner * a constant s, inner used once, else (value, 1.0)."""
     mul = _elementwise(value, ["arith.mulf", "linalg.yield"])
     if mul is None or len(mul.inputs) != 1 or not _one_use(mul.inputs[0]):
-        return value, 1.0, []
+        return value, 1.0
     block = mul.regions[0].blocks[0]
     operands = list(list(block.operations)[0].operation.operands)
     constants = [v for v in operands if v != block.arguments[0]]
     if len(constants) != 1 or isinstance(constants[0].owner, ir.Block) \
             or constants[0].owner.operation.name != "arith.constant":
-        return value, 1.0, []
-    scale = ir.FloatAttr(constants[0].owner.operation.attributes["value"]).value
-    return mul.inputs[0], scale, [mul.operation]
+        return value, 1.0
+    return mul.inputs[0], ir.FloatAttr(constants[0].owner.operation.attributes["value"]).value
 
 
-def _gemm(value) -> _Match | None:
-    """A GEMM match of `value`, else None."""
-    found = _product(value)
-    if found is None or not _fits(*found[:2]):
+def _fits(x, w) -> bool:
+    x_type, (k, n) = ir.RankedTensorType(x.type), ir.RankedTensorType(w.type).shape
+    return x_type.rank == 2 and k % 8 == 0 and n % STRIP == 0
+
+
+def _gemm(op) -> _Match | None:
+    """A GEMM match of `op` (the truncf of a product), else None."""
+    if len(op.results) != 1:
         return None
-    x, w, ops = found
+    found = _product(op.results[0])
+    if found is None or not _fits(*found):
+        return None
+    x, w = found
     k, n = ir.RankedTensorType(w.type).shape
-    return _Match("stageml_gemm", [x, w], [k, n], ops)
+    return _Match("stageml_gemm", [x, w], [k, n])
 
 
-def _lora(base, adapted) -> _Match | None:
+def _lora_of(base, adapted) -> _Match | None:
     """`base` + `adapted` as a LoRA site, else None."""
     base_found = _product(base)
-    if base_found is None or not _fits(*base_found[:2]) or not _one_use(base) or not _one_use(adapted):
+    if base_found is None or not _fits(*base_found) or not _one_use(base) or not _one_use(adapted):
         return None
-    x, w, base_ops = base_found
-    inner, outer_scale, outer_ops = _scaled(adapted)
+    x, w = base_found
+    inner, outer_scale = _scaled(adapted)
     up = _product(inner)
     if up is None:
         return None
-    t, b, up_ops = up
+    t, b = up
     if not _one_use(t):  # x@A (scaled) is also used elsewhere: it must stay
         return None
-    t, inner_scale, inner_ops = _scaled(t)
+    t, inner_scale = _scaled(t)
     down = _product(t)
     if down is None or down[0] != x:
         return None
-    _, a, down_ops = down
+    a = down[1]
     (k, n), (k_a, rank), (rank_b, n_b) = (ir.RankedTensorType(v.type).shape for v in (w, a, b))
     if (k_a, rank_b, n_b) != (k, rank, n) or rank > MAX_RANK:
         return None
     bits = struct.unpack("<i", struct.pack("<f", outer_scale * inner_scale))[0]
-    return _Match("stageml_lora", [x, w, a, b], [k, n, rank, bits],
-                  down_ops + inner_ops + up_ops + outer_ops + base_ops)
+    return _Match("stageml_lora", [x, w, a, b], [k, n, rank, bits])
+
+
+def _lora(op) -> _Match | None:
+    """A LoRA match of `op` (the add of a site), else None."""
+    add = _elementwise(op.results[0], ["arith.addf", "linalg.yield"]) if len(op.results) == 1 else None
+    if add is None or len(add.inputs) != 2:
+        return None
+    return _lora_of(*add.inputs) or _lora_of(*reversed(list(add.inputs)))
 
 
 def _bgmv(op) -> _Match | None:
@@ -161,39 +215,63 @@ def _bgmv(op) -> _Match | None:
             or table_type.is_dynamic_dim(1) or table_type.is_dynamic_dim(2) or not is_zero_fill(op.operands[2])):
         return None  # (the slot count may be dynamic: the kernel trusts ids)
     _, k, n = table_type.shape
-    return _Match("stageml_bgmv", [x, ids, table], [k, n], [op], weight=None)
+    return _Match("stageml_bgmv", [x, ids, table], [k, n], weight=None)
 
 
-def _fits(x, w) -> bool:
-    x_type, (k, n) = ir.RankedTensorType(x.type), ir.RankedTensorType(w.type).shape
-    return x_type.rank == 2 and k % 8 == 0 and n % STRIP == 0
+def _site_of(value):
+    """The add of the LoRA site `value` (a product's truncf) flows into alone, else None.
 
+    A site's products reach its add through single uses: the base directly,
+    x@A through its scaling, x@A@B's matmul, truncf and scaling."""
+    for _ in range(6):
+        if not _one_use(value):
+            return None
+        user = list(value.uses)[0].owner.operation
+        if user.name not in ("linalg.generic", "linalg.matmul") or len(user.results) != 1:
+            return None
+        if _elementwise(user.results[0], ["arith.addf", "linalg.yield"]) is not None:
+            return user
+        value = user.results[0]
+    return None
+
+
+# -- the strips -------------------------------------------------------------------
 
 class _Strips:
     """Each weight in the kernels' strip layout, packed once, off the request path."""
 
-    def __init__(self, module: ir.Module):
-        self.functions = {ir.StringAttr(op.attributes["sym_name"]).value: op.operation
-                          for op in module.body.operations if op.operation.name == "func.func"}
-        self.packed = {}  # weight -> its strips
-        self.retyped = set()
+    def __init__(self, module_op):
+        self.module_op = module_op
+        self.packed = {}      # weight -> its strips
+        self.retyped = []     # functions whose arguments or results changed type
 
-    def __call__(self, w, func):
-        """`w` packed into strips, or None where that would cost request time."""
+    def _adapter(self, w, func):
+        """(the adapter function, its result) that `w`, an argument of `func`, is and may be packed in."""
+        result, program = facts.adapter_result(func, w), facts.get(func, facts.PROGRAM)
+        if result is None or program is None or not _one_use(w):  # (its type changes for all uses)
+            return None
+        adapter = facts.stage_function(self.module_op, "adapter", program)
+        return None if adapter is None else (adapter, result)
+
+    def available(self, w, func) -> bool:
+        """Whether `w` is packed or may be packed without costing request time."""
+        return (w in self.packed or self._adapter(w, func) is not None
+                or facts.get(func, facts.STAGE) != "dynamic"
+                or (not isinstance(w.owner, ir.Block) and w.owner.operation.name == "util.global.load"))
+
+    def __call__(self, w, func) -> ir.Value:
+        """`w` packed into strips (call `available` first)."""
         if w in self.packed:
             return self.packed[w]
-        name = ir.StringAttr(func.attributes["sym_name"]).value
-        result, adapter = adapter_result(func, w), self.functions.get(name.replace("forward", "adapter"))
-        if result is not None and adapter is not None and _one_use(w):  # (its type changes for all uses)
+        adapter = self._adapter(w, func)
+        if adapter is not None:
+            adapter, result = adapter
             ret = list(adapter.regions[0].blocks[0].operations)[-1]
             with ir.InsertionPoint(ret), ret.location:
                 ret.operands[result] = _pack(ret.operands[result])
             w.set_type(ret.operands[result].type)
-            self.retyped.update([adapter, func])
+            self.retyped += [f for f in (adapter, func) if f not in self.retyped]
             packed = w
-        elif name.startswith("forward") and (isinstance(w.owner, ir.Block)
-                                             or w.owner.operation.name != "util.global.load"):
-            return None
         else:
             argument = isinstance(w.owner, ir.Block)
             with (ir.InsertionPoint.at_block_begin(w.owner) if argument else ir.InsertionPoint.after(w.owner)), \
@@ -210,81 +288,139 @@ def _pack(w) -> ir.Value:
     return linalg.PackOp(dest.type, w, dest, [1], [], [STRIP], outer_dims_perm=[1, 0]).result
 
 
+# -- the replacements -------------------------------------------------------------
+
 def _dynamic_dims(value) -> list:
     type_, index = ir.RankedTensorType(value.type), ir.IndexType.get()
     return [tensor.DimOp(value, arith.ConstantOp(index, i).result).result
             for i in range(type_.rank) if type_.is_dynamic_dim(i)]
 
 
-def _dispatch(match: _Match, root) -> ir.Value:
-    """flow.dispatch of `match`'s kernel for `root` (a linalg.generic): workload
-    (rows, N), push constants (rows, *match.constants) as i32."""
+def _kernel_call(match: _Match, root, lowering: str, references: dict) -> ir.Value:
+    """The kernel's result for `root` (a linalg.generic), at the current insertion
+    point: workload (rows, N), push constants (rows, *match.constants) as i32."""
     out = root.opview.outputs[0]
-    result_type, index, i32 = ir.RankedTensorType(root.results[0].type), ir.IndexType.get(), ir.IntegerType.get_signless(32)
+    result_type, index, i32 = (ir.RankedTensorType(root.results[0].type), ir.IndexType.get(),
+                               ir.IntegerType.get_signless(32))
     result_dims = _dynamic_dims(out)
     rows = result_dims[0] if result_type.is_dynamic_dim(0) else arith.ConstantOp(index, result_type.shape[0]).result
-    n = arith.ConstantOp(index, result_type.shape[-1]).result
     pushed = [arith.IndexCastOp(i32, rows).result] + [arith.ConstantOp(i32, c).result for c in match.constants]
-    element = str(ir.RankedTensorType(match.operands[0].type).element_type)
-    entry = ir.ArrayAttr.get([ir.SymbolRefAttr.get([EXECUTABLE, f"{match.kernel}_{element}"])])
+    kernel = f"{match.kernel}_{ir.RankedTensorType(match.operands[0].type).element_type}"
+    if lowering == "reference":
+        callee = references[kernel]
+        inputs = ir.FunctionType(ir.TypeAttr(callee.attributes["function_type"]).value).inputs
+        operands = [v if v.type == t else tensor.CastOp(t, v).result for v, t in zip(match.operands, inputs)]
+        call = func_d.CallOp(callee, operands + pushed)
+        return tensor.CastOp(result_type, call.results[0]).result
+    n = arith.ConstantOp(index, result_type.shape[-1]).result
+    entry = ir.ArrayAttr.get([ir.SymbolRefAttr.get([EXECUTABLE, kernel])])
     argument_dims = [d for v in match.operands for d in _dynamic_dims(v)]
     return flow.DispatchOp([result_type], [rows, n], entry, match.operands + pushed, argument_dims, result_dims,
                            tied_operands=ir.ArrayAttr.get([ir.IntegerAttr.get(index, -1)])).results[0]
 
 
-def _rewrite(func, match, strips: _Strips) -> dict:
-    """Replaces each op `match` recognizes in `func`; returns {kernel: count}."""
-    counts = {}
-    for op in list(func.regions[0].blocks[0].operations):
-        found = match(op.operation)
+def _function(op):
+    while op is not None and op.name != "func.func":
+        op = op.parent
+    return op
+
+
+class _Rewriter:
+    """The three patterns and the state they share."""
+
+    def __init__(self, module_op, lowering: str):
+        self.module_op, self.lowering = module_op, lowering
+        self.strips = _Strips(module_op)
+        self.references = {}  # kernel -> its reference function (lowering=reference), cloned on first use
+        self.counts = {}
+
+    def patterns(self) -> rewrite.FrozenRewritePatternSet:
+        patterns = rewrite.RewritePatternSet()
+        patterns.add("linalg.generic", lambda op, rw: self._apply(op, rw, _lora), 3)
+        patterns.add("linalg.generic", lambda op, rw: self._apply(op, rw, self._gemm), 2)
+        patterns.add("linalg.generic", lambda op, rw: self._apply(op, rw, _bgmv), 1)
+        return patterns.freeze()
+
+    def _gemm(self, op):
+        """A GEMM match, unless the product belongs to a LoRA site that will be rewritten."""
+        found = _gemm(op)
         if found is None:
-            continue
-        if found.weight is not None:
-            packed = strips(found.operands[found.weight], func)
-            if packed is None:
-                continue
-            found.operands[found.weight] = packed
+            return None
+        site = _site_of(op.results[0])
+        lora = _lora(site) if site is not None else None
+        if lora is not None and self.strips.available(lora.operands[lora.weight], _function(site)):
+            return None
+        return found
+
+    def _apply(self, op, rewriter, match) -> bool:
+        """Rewrites `op` when `match` finds a kernel; False on success (the bindings' convention)."""
         root = op.operation
-        with ir.InsertionPoint(root), root.location:
-            root.results[0].replace_all_uses_with(_dispatch(found, root))
-        for dead in reversed(found.ops):
-            dead.erase()
-        counts[found.kernel] = counts.get(found.kernel, 0) + 1
-    return counts
+        func = _function(root)
+        if func is None or REFERENCE_OF in func.attributes:
+            return True
+        found = match(root)
+        if found is None:
+            return True
+        if found.weight is not None:
+            if not self.strips.available(found.operands[found.weight], func):
+                return True
+            found.operands[found.weight] = self.strips(found.operands[found.weight], func)
+        if self.lowering == "reference":
+            self._reference(f"{found.kernel}_{ir.RankedTensorType(found.operands[0].type).element_type}")
+        with rewriter.ip, root.location:
+            result = _kernel_call(found, root, self.lowering, self.references)
+        rewriter.replace_op(root, [result])
+        self.counts[found.kernel] = self.counts.get(found.kernel, 0) + 1
+        return False
+
+    def _reference(self, kernel: str) -> None:
+        """Clones `kernel`'s reference function into the module (once)."""
+        if kernel in self.references:
+            return
+        body = self.module_op.regions[0].blocks[0]
+        for op in body.operations:  # (a module rewritten before holds it already)
+            if op.operation.name == "func.func" and facts.get(op.operation, REFERENCE_OF) == kernel:
+                self.references[kernel] = op.operation
+                return
+        library = ir.Module.parse(REFERENCES.read_text(), context=self.module_op.context)
+        for op in library.body.operations:
+            if facts.get(op.operation, REFERENCE_OF) == kernel:
+                self.references[kernel] = op.operation.clone(ip=ir.InsertionPoint(body))
+                return
+        raise CompileError(f"{REFERENCES.name} has no reference of {kernel}")  # (an internal bug)
 
 
-def _match_lora(op):
-    add = _elementwise(op.results[0], ["arith.addf", "linalg.yield"]) if len(op.results) == 1 else None
-    if add is None or len(add.inputs) != 2:
-        return None
-    found = _lora(*add.inputs) or _lora(*reversed(list(add.inputs)))
-    if found is not None:
-        found.ops.append(op)
-    return found
-
-
-def _match_gemm(op):
-    return _gemm(op.results[0]) if op.name == "linalg.generic" and len(op.results) == 1 else None
-
-
-def _match_bgmv(op):
-    return _bgmv(op) if op.name == "linalg.generic" else None
-
-
-def use_custom_kernels(module: ir.Module) -> dict:
-    """Rewrites every function of `module`; clones the kernels' declaration
-    into it when one is used. Returns {kernel: count}."""
-    counts, strips = {}, _Strips(module)
-    for op in module.body.operations:
-        if op.operation.name == "func.func":
-            for match in (_match_lora, _match_gemm, _match_bgmv):
-                for kernel, count in _rewrite(op.operation, match, strips).items():
-                    counts[kernel] = counts.get(kernel, 0) + count
-    for func in strips.retyped:
+def use_custom_kernels(module, lowering: str = "dispatch") -> dict:
+    """Rewrites every function of `module` (an ir.Module or its operation);
+    clones the kernels' declaration (lowering="dispatch") or the references
+    used (lowering="reference") into it. Returns {kernel: count}."""
+    module_op = getattr(module, "operation", module)
+    rewriter = _Rewriter(module_op, lowering)
+    config = rewrite.GreedyRewriteConfig()
+    config.enable_folding = False
+    config.enable_constant_cse = False
+    config.region_simplification_level = rewrite.GreedySimplifyRegionLevel.DISABLED
+    patterns = rewriter.patterns()
+    functions = [op.operation for op in module_op.regions[0].blocks[0].operations
+                 if op.operation.name == "func.func" and REFERENCE_OF not in op.operation.attributes]
+    for func in functions:
+        rewrite.apply_patterns_and_fold_greedily(func, patterns, config)
+    for func in rewriter.strips.retyped:
         retype(func)
-    if counts:
-        library = ir.Module.parse(LIBRARY.read_text())
+    if rewriter.counts and lowering == "dispatch" and not _has_executable(module_op):
+        library = ir.Module.parse(LIBRARY.read_text(), context=module_op.context)
         for op in library.body.operations:
             if op.operation.name == "hal.executable.source":
-                op.operation.clone(ip=ir.InsertionPoint.at_block_begin(module.body))
-    return counts
+                op.operation.clone(ip=ir.InsertionPoint.at_block_begin(module_op.regions[0].blocks[0]))
+    return rewriter.counts
+
+
+def _has_executable(module_op) -> bool:
+    return any(op.operation.name == "hal.executable.source" and facts.get(op.operation, "sym_name") == EXECUTABLE
+               for op in module_op.regions[0].blocks[0].operations)
+
+
+@register("use-custom-kernels", "hot f16/bf16 products (GEMM, LoRA site, BGMV) → StageML's Hopper kernels "
+          "(lowering=reference: calls of their CPU references)", options=UseCustomKernelsOptions, context="iree")
+def run(module_op, options: UseCustomKernelsOptions, stats) -> None:
+    stats.update(use_custom_kernels(module_op, options.lowering))

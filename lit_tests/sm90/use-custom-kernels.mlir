@@ -1,41 +1,47 @@
-// RUN: stageml-opt %s --pipeline sm90 | filecheck %s
-// RUN: stageml-opt %s --pipeline sm90 --no-custom-kernels | filecheck %s --check-prefix=CODEGEN
+// RUN: stageml-opt %s -p use-custom-kernels | filecheck %s
+// RUN: stageml-opt %s -p 'use-custom-kernels{lowering=reference}' | filecheck %s --check-prefix=REF
 
-// The sm90 pipeline attaches StageML's Hopper target and swaps the hot
-// products for its hand-written kernels; what does not match stays linalg.
+// use-custom-kernels swaps the residual's hot products for StageML's
+// hand-written Hopper kernels (flow.dispatch), or with lowering=reference for
+// calls of their CPU references, with the same operands and push constants;
+// what does not match stays linalg. The input is the residual's IREE input:
+// stage functions say what they are (bt.stage, bt.program) and adapter state
+// arguments which adapter result they are (bt.result).
 
 #map = affine_map<(d0, d1) -> (d0, d1)>
 
-// CHECK: #[[SM90:.+]] = #hal.executable.target<"cuda", "cuda-nvptx-fb", {iree_codegen.target_info = #iree_gpu.target<arch = "sm_90", features = "+ptx80", {{.*}}max_workgroup_memory_bytes = 232448{{.*}}chip = <wgp_count = 132>>}>
-// CHECK: #[[DEVICE:.+]] = #hal.device.target<"cuda", [#[[SM90]]]> : !hal.device
-// CHECK: module attributes {hal.device.targets = [#[[DEVICE]]]}
-// CHECK: hal.executable.source private @stageml_sm90 <objects = <{#[[SM90]] = [#hal.executable.object<{path = "stageml_sm90.ptx"}>]}>>
+// CHECK: hal.executable.source private @stageml_sm90 <objects = <{#{{.+}} = [#hal.executable.object<{path = "stageml_sm90.ptx"}>]}>>
 // CHECK: hal.executable.export public @stageml_gemm_f16 ordinal(0)
 // CHECK: hal.executable.export public @stageml_lora_bf16 ordinal(3)
+// CHECK: hal.executable.export public @stageml_bgmv_f16 ordinal(4)
 
-// CODEGEN: #[[SM90:.+]] = #hal.executable.target<"cuda", "cuda-nvptx-fb", {iree_codegen.target_info = #iree_gpu.target<arch = "sm_90"
-// CODEGEN: #[[DEVICE:.+]] = #hal.device.target<"cuda", [#[[SM90]]]> : !hal.device
-// CODEGEN: module attributes {hal.device.targets = [#[[DEVICE]]]}
-// CODEGEN-NOT: hal.executable.source
-// CODEGEN-NOT: flow.dispatch
+// REF-NOT: hal.executable.source
+// REF-NOT: flow.dispatch
 
 module {
   util.global private @w = #flow.parameter.named<"model"::"w"> : tensor<256x512xf16>
 
-  // A product against a global weight, f32 accumulation rounded once to f16:
-  // the weight's pack into 32-column strips follows its load (IREE hoists it
-  // to load time).
+  // A request-time product against a global weight, f32 accumulation rounded
+  // once to f16: the weight's pack into 32-column strips follows its load
+  // (IREE hoists it to load time).
   // CHECK-LABEL: func.func @gemm
   // CHECK:         %[[W:.+]] = util.global.load @w : tensor<256x512xf16>
-  // CHECK:         %[[S:.+]] = linalg.pack %[[W]] outer_dims_perm = [1, 0] inner_dims_pos = [1] inner_tiles = [32] into %{{.+}} : tensor<256x512xf16> -> tensor<16x256x32xf16>
-  // CHECK:         %[[M:.+]] = tensor.dim %arg0, %c0 : tensor<?x256xf16>
-  // CHECK:         %[[MI:.+]] = arith.index_cast %[[M]] : index to i32
-  // CHECK:         %[[Y:.+]] = flow.dispatch @stageml_sm90::@stageml_gemm_f16[%[[M]], %c512](%arg0, %[[S]], %[[MI]], %c256_i32, %c512_i32) : (tensor<?x256xf16>{%[[M]]}, tensor<16x256x32xf16>, i32, i32, i32) -> tensor<?x512xf16>{%[[M]]}
+  // CHECK-NEXT:    %[[E:.+]] = tensor.empty() : tensor<16x256x32xf16>
+  // CHECK-NEXT:    %[[S:.+]] = linalg.pack %[[W]] outer_dims_perm = [1, 0] inner_dims_pos = [1] inner_tiles = [32] into %[[E]] : tensor<256x512xf16> -> tensor<16x256x32xf16>
+  // CHECK:         %[[MI:.+]] = arith.index_cast %[[M:.+]] : index to i32
+  // CHECK:         %[[Y:.+]] = flow.dispatch @stageml_sm90::@stageml_gemm_f16[%[[M]], %{{.+}}](%arg0, %[[S]], %[[MI]], %c256_i32, %c512_i32) : (tensor<?x256xf16>{%{{.+}}}, tensor<16x256x32xf16>, i32, i32, i32) -> tensor<?x512xf16>{%[[M]]}
   // CHECK-NOT:     linalg.matmul
   // CHECK:         return %[[Y]]
-  // CODEGEN-LABEL: func.func @gemm
-  // CODEGEN:         linalg.matmul
-  func.func @gemm(%x: tensor<?x256xf16>) -> tensor<?x512xf16> {
+  // REF-LABEL: func.func @gemm
+  // REF:         %[[S:.+]] = linalg.pack
+  // REF:         %[[MI:.+]] = arith.index_cast %{{.+}} : index to i32
+  // REF-DAG:     %[[X:.+]] = tensor.cast %arg0 : tensor<?x256xf16> to tensor<?x?xf16>
+  // REF-DAG:     %[[SC:.+]] = tensor.cast %[[S]] : tensor<16x256x32xf16> to tensor<?x?x32xf16>
+  // REF:         %[[R:.+]] = call @stageml_gemm_f16_reference(%[[X]], %[[SC]], %[[MI]], %c256_i32, %c512_i32) : (tensor<?x?xf16>, tensor<?x?x32xf16>, i32, i32, i32) -> tensor<?x?xf16>
+  // REF:         %[[Y:.+]] = tensor.cast %[[R]] : tensor<?x?xf16> to tensor<?x512xf16>
+  // REF-NOT:     linalg.matmul
+  // REF:         return %[[Y]]
+  func.func @gemm(%x: tensor<?x256xf16>) -> tensor<?x512xf16> attributes {bt.stage = "dynamic", bt.program = "main"} {
     %c0 = arith.constant 0 : index
     %zero = arith.constant 0.0 : f32
     %w = util.global.load @w : tensor<256x512xf16>
@@ -52,12 +58,23 @@ module {
     return %y : tensor<?x512xf16>
   }
 
-  // An unmerged LoRA site, PEFT's order (scale after the second product):
-  // one fused kernel; scale 2.0 travels as its f32 bits (0x40000000).
+  // An unmerged LoRA site, PEFT's order (scale after the second product), in
+  // a function off the request path (no bt.stage): one fused kernel, w packed
+  // inline; scale 2.0 travels as its f32 bits (0x40000000).
   // CHECK-LABEL: func.func @lora
-  // CHECK:         flow.dispatch @stageml_sm90::@stageml_lora_bf16[%{{.+}}, %c512](%arg0, %{{.+}}, %arg1, %arg2, %{{.+}}, %c256_i32, %c512_i32, %c8_i32, %c1073741824_i32) : (tensor<?x256xbf16>{%{{.+}}}, tensor<16x256x32xbf16>, tensor<256x8xbf16>, tensor<8x512xbf16>, i32, i32, i32, i32, i32) -> tensor<?x512xbf16>
+  // CHECK:         %[[S:.+]] = linalg.pack %arg3 {{.+}} -> tensor<16x256x32xbf16>
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_lora_bf16[%{{.+}}, %{{.+}}](%arg0, %[[S]], %arg1, %arg2, %{{.+}}, %c256_i32, %c512_i32, %c8_i32, %c1073741824_i32) : (tensor<?x256xbf16>{%{{.+}}}, tensor<16x256x32xbf16>, tensor<256x8xbf16>, tensor<8x512xbf16>, i32, i32, i32, i32, i32) -> tensor<?x512xbf16>
   // CHECK-NOT:     linalg.matmul
   // CHECK-NOT:     stageml_gemm
+  // CHECK:         return
+  // REF-LABEL: func.func @lora
+  // REF:         %[[S:.+]] = linalg.pack %arg3
+  // REF-DAG:     %[[SC:.+]] = tensor.cast %[[S]] : tensor<16x256x32xbf16> to tensor<?x?x32xbf16>
+  // REF-DAG:     %[[A:.+]] = tensor.cast %arg1 : tensor<256x8xbf16> to tensor<?x?xbf16>
+  // REF-DAG:     %[[B:.+]] = tensor.cast %arg2 : tensor<8x512xbf16> to tensor<?x?xbf16>
+  // REF:         call @stageml_lora_bf16_reference(%{{.+}}, %[[SC]], %[[A]], %[[B]], %{{.+}}, %c256_i32, %c512_i32, %c8_i32, %c1073741824_i32) : (tensor<?x?xbf16>, tensor<?x?x32xbf16>, tensor<?x?xbf16>, tensor<?x?xbf16>, i32, i32, i32, i32, i32) -> tensor<?x?xbf16>
+  // REF-NOT:     linalg.matmul
+  // REF:         return
   func.func @lora(%x: tensor<?x256xbf16>, %a: tensor<256x8xbf16>, %b: tensor<8x512xbf16>, %w: tensor<256x512xbf16>) -> tensor<?x512xbf16> {
     %c0 = arith.constant 0 : index
     %zero = arith.constant 0.0 : f32
@@ -100,11 +117,76 @@ module {
     return %y : tensor<?x512xbf16>
   }
 
-  // x@A is also a result: the site stays unfused (its products may still
-  // become GEMMs; x@A's 8 columns are too few for the strips).
+  // Both scales, one on x@A (0.25) and one after the second product (2.0):
+  // the kernel gets their product, 0.5 (0x3F000000), and the x@A of rank 32,
+  // which would fit a GEMM of its own, stays inside the site.
+  // CHECK-LABEL: func.func @lora_two_scales
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_lora_f16[%{{.+}}, %{{.+}}](%arg0, %{{.+}}, %arg1, %arg2, %{{.+}}, %c64_i32, %c96_i32, %c32_i32, %c1056964608_i32)
+  // CHECK-NOT:     stageml_gemm
+  // CHECK-NOT:     linalg.matmul
+  // CHECK:         return
+  // REF-LABEL: func.func @lora_two_scales
+  // REF:         call @stageml_lora_f16_reference(%{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %c64_i32, %c96_i32, %c32_i32, %c1056964608_i32)
+  // REF-NOT:     linalg.matmul
+  // REF:         return
+  func.func @lora_two_scales(%x: tensor<?x64xf16>, %a: tensor<64x32xf16>, %b: tensor<32x96xf16>, %w: tensor<64x96xf16>) -> tensor<?x96xf16> {
+    %c0 = arith.constant 0 : index
+    %zero = arith.constant 0.0 : f32
+    %s1 = arith.constant 0.25 : f16
+    %s2 = arith.constant 2.0 : f16
+    %m = tensor.dim %x, %c0 : tensor<?x64xf16>
+    %e = tensor.empty(%m) : tensor<?x96xf32>
+    %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<?x96xf32>) -> tensor<?x96xf32>
+    %p = linalg.matmul ins(%x, %w : tensor<?x64xf16>, tensor<64x96xf16>) outs(%acc : tensor<?x96xf32>) -> tensor<?x96xf32>
+    %e16 = tensor.empty(%m) : tensor<?x96xf16>
+    %base = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%p : tensor<?x96xf32>) outs(%e16 : tensor<?x96xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %t = arith.truncf %in : f32 to f16
+      linalg.yield %t : f16
+    } -> tensor<?x96xf16>
+    %er = tensor.empty(%m) : tensor<?x32xf32>
+    %accr = linalg.fill ins(%zero : f32) outs(%er : tensor<?x32xf32>) -> tensor<?x32xf32>
+    %pd = linalg.matmul ins(%x, %a : tensor<?x64xf16>, tensor<64x32xf16>) outs(%accr : tensor<?x32xf32>) -> tensor<?x32xf32>
+    %er16 = tensor.empty(%m) : tensor<?x32xf16>
+    %down = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%pd : tensor<?x32xf32>) outs(%er16 : tensor<?x32xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %t = arith.truncf %in : f32 to f16
+      linalg.yield %t : f16
+    } -> tensor<?x32xf16>
+    %down_scaled = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%down : tensor<?x32xf16>) outs(%er16 : tensor<?x32xf16>) {
+    ^bb0(%in: f16, %out: f16):
+      %t = arith.mulf %in, %s1 : f16
+      linalg.yield %t : f16
+    } -> tensor<?x32xf16>
+    %pu = linalg.matmul ins(%down_scaled, %b : tensor<?x32xf16>, tensor<32x96xf16>) outs(%acc : tensor<?x96xf32>) -> tensor<?x96xf32>
+    %up = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%pu : tensor<?x96xf32>) outs(%e16 : tensor<?x96xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %t = arith.truncf %in : f32 to f16
+      linalg.yield %t : f16
+    } -> tensor<?x96xf16>
+    %scaled = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%up : tensor<?x96xf16>) outs(%e16 : tensor<?x96xf16>) {
+    ^bb0(%in: f16, %out: f16):
+      %t = arith.mulf %in, %s2 : f16
+      linalg.yield %t : f16
+    } -> tensor<?x96xf16>
+    %y = linalg.generic {indexing_maps = [#map, #map, #map], iterator_types = ["parallel", "parallel"]} ins(%scaled, %base : tensor<?x96xf16>, tensor<?x96xf16>) outs(%e16 : tensor<?x96xf16>) {
+    ^bb0(%in: f16, %in_1: f16, %out: f16):
+      %t = arith.addf %in, %in_1 : f16
+      linalg.yield %t : f16
+    } -> tensor<?x96xf16>
+    return %y : tensor<?x96xf16>
+  }
+
+  // x@A is also a result: the site stays unfused, its base and up products
+  // become GEMMs of their own (x@A's 8 columns are too few for the strips).
   // CHECK-LABEL: func.func @lora_shared_down
   // CHECK-NOT:     stageml_lora
+  // CHECK-COUNT-2: flow.dispatch @stageml_sm90::@stageml_gemm_bf16
+  // CHECK-NOT:     stageml_lora
   // CHECK:         return
+  // REF-LABEL: func.func @lora_shared_down
+  // REF-COUNT-2: call @stageml_gemm_bf16_reference
+  // REF:         return
   func.func @lora_shared_down(%x: tensor<?x256xbf16>, %a: tensor<256x8xbf16>, %b: tensor<8x512xbf16>, %w: tensor<256x512xbf16>) -> (tensor<?x512xbf16>, tensor<?x8xbf16>) {
     %c0 = arith.constant 0 : index
     %zero = arith.constant 0.0 : f32
@@ -147,18 +229,25 @@ module {
     return %y, %down : tensor<?x512xbf16>, tensor<?x8xbf16>
   }
 
-  // Adapter state (a @forward argument marked with its @adapter result): the
-  // pack moves into @adapter, which returns the strips.
+  // Adapter state: a request-path argument with bt.result = 0, result 0 of
+  // the program's adapter function. The pack moves into the adapter
+  // function, which returns the strips; the argument's type follows.
   // CHECK-LABEL: func.func @adapter(%arg0: tensor<256x512xf16>) -> tensor<16x256x32xf16>
   // CHECK:         %[[S:.+]] = linalg.pack %arg0 {{.+}} -> tensor<16x256x32xf16>
   // CHECK:         return %[[S]]
-  // CHECK-LABEL: func.func @forward(%arg0: tensor<16x256x32xf16> {stageml.adapter_result = 0 : i64}, %arg1: tensor<?x256xf16>)
+  // CHECK-LABEL: func.func @forward(%arg0: tensor<16x256x32xf16> {bt.result = 0 : i64}, %arg1: tensor<?x256xf16>)
   // CHECK-NOT:     linalg.pack
-  // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_f16[%{{.+}}, %c512](%arg1, %arg0,
-  func.func @adapter(%w: tensor<256x512xf16>) -> tensor<256x512xf16> {
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_f16[%{{.+}}, %{{.+}}](%arg1, %arg0,
+  // REF-LABEL: func.func @adapter(%arg0: tensor<256x512xf16>) -> tensor<16x256x32xf16>
+  // REF:         linalg.pack %arg0
+  // REF-LABEL: func.func @forward(%arg0: tensor<16x256x32xf16> {bt.result = 0 : i64}, %arg1: tensor<?x256xf16>)
+  // REF-NOT:     linalg.pack
+  // REF:         %[[SC:.+]] = tensor.cast %arg0 : tensor<16x256x32xf16> to tensor<?x?x32xf16>
+  // REF:         call @stageml_gemm_f16_reference(%{{.+}}, %[[SC]],
+  func.func @adapter(%w: tensor<256x512xf16>) -> tensor<256x512xf16> attributes {bt.stage = "adapter", bt.program = "adapted"} {
     return %w : tensor<256x512xf16>
   }
-  func.func @forward(%w: tensor<256x512xf16> {stageml.adapter_result = 0 : i64}, %x: tensor<?x256xf16>) -> tensor<?x512xf16> {
+  func.func @forward(%w: tensor<256x512xf16> {bt.result = 0 : i64}, %x: tensor<?x256xf16>) -> tensor<?x512xf16> attributes {bt.stage = "dynamic", bt.program = "adapted"} {
     %c0 = arith.constant 0 : index
     %zero = arith.constant 0.0 : f32
     %m = tensor.dim %x, %c0 : tensor<?x256xf16>
@@ -174,12 +263,54 @@ module {
     return %y : tensor<?x512xf16>
   }
 
-  // A request-time function's product against any other value stays with
-  // IREE: its pack would be a pass over the weight per request.
+  // Adapter state with two uses: packing it in the adapter function would
+  // change its type for both, and packing it here would cost a pass over it
+  // per request, so both products stay with IREE.
+  // CHECK-LABEL: func.func @adapter_shared(%arg0: tensor<256x512xf16>) -> tensor<256x512xf16>
+  // CHECK-NOT:     linalg.pack
+  // CHECK-LABEL: func.func @forward_shared(%arg0: tensor<256x512xf16> {bt.result = 0 : i64}
+  // CHECK-NOT:     flow.dispatch
+  // CHECK-COUNT-2: linalg.matmul
+  // CHECK-NOT:     flow.dispatch
+  // CHECK:         return
+  // REF-LABEL: func.func @forward_shared
+  // REF-NOT:     call
+  // REF:         return
+  func.func @adapter_shared(%w: tensor<256x512xf16>) -> tensor<256x512xf16> attributes {bt.stage = "adapter", bt.program = "shared"} {
+    return %w : tensor<256x512xf16>
+  }
+  func.func @forward_shared(%w: tensor<256x512xf16> {bt.result = 0 : i64}, %x: tensor<?x256xf16>, %h: tensor<?x256xf16>) -> (tensor<?x512xf16>, tensor<?x512xf16>) attributes {bt.stage = "dynamic", bt.program = "shared"} {
+    %c0 = arith.constant 0 : index
+    %zero = arith.constant 0.0 : f32
+    %m = tensor.dim %x, %c0 : tensor<?x256xf16>
+    %e = tensor.empty(%m) : tensor<?x512xf32>
+    %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<?x512xf32>) -> tensor<?x512xf32>
+    %p = linalg.matmul ins(%x, %w : tensor<?x256xf16>, tensor<256x512xf16>) outs(%acc : tensor<?x512xf32>) -> tensor<?x512xf32>
+    %e16 = tensor.empty(%m) : tensor<?x512xf16>
+    %y = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%p : tensor<?x512xf32>) outs(%e16 : tensor<?x512xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %t = arith.truncf %in : f32 to f16
+      linalg.yield %t : f16
+    } -> tensor<?x512xf16>
+    %q = linalg.matmul ins(%h, %w : tensor<?x256xf16>, tensor<256x512xf16>) outs(%acc : tensor<?x512xf32>) -> tensor<?x512xf32>
+    %z = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%q : tensor<?x512xf32>) outs(%e16 : tensor<?x512xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %t = arith.truncf %in : f32 to f16
+      linalg.yield %t : f16
+    } -> tensor<?x512xf16>
+    return %y, %z : tensor<?x512xf16>, tensor<?x512xf16>
+  }
+
+  // A request-path product against an argument that is not adapter state
+  // (no bt.result) stays with IREE: its pack would be a pass over the weight
+  // per request.
   // CHECK-LABEL: func.func @forward_unmarked
   // CHECK-NOT:     flow.dispatch
   // CHECK:         linalg.matmul
-  func.func @forward_unmarked(%w: tensor<256x512xf16>, %x: tensor<?x256xf16>) -> tensor<?x512xf16> {
+  // REF-LABEL: func.func @forward_unmarked
+  // REF-NOT:     call
+  // REF:         linalg.matmul
+  func.func @forward_unmarked(%w: tensor<256x512xf16>, %x: tensor<?x256xf16>) -> tensor<?x512xf16> attributes {bt.stage = "dynamic", bt.program = "unmarked"} {
     %c0 = arith.constant 0 : index
     %zero = arith.constant 0.0 : f32
     %m = tensor.dim %x, %c0 : tensor<?x256xf16>
@@ -198,11 +329,17 @@ module {
   // A multi-tenant residual's per-row product of one-token rows (fuse-gathers'
   // form): each row against its own slot of the factor table.
   // CHECK-LABEL: func.func @forward_factorized
-  // CHECK:         %[[B:.+]] = tensor.dim %arg0, %c0 : tensor<?x1x256xf16>
-  // CHECK:         %[[BI:.+]] = arith.index_cast %[[B]] : index to i32
-  // CHECK:         flow.dispatch @stageml_sm90::@stageml_bgmv_f16[%[[B]], %c16](%arg0, %arg1, %arg2, %[[BI]], %c256_i32, %c16_i32) : (tensor<?x1x256xf16>{%[[B]]}, tensor<?xi64>{%{{.+}}}, tensor<5x256x16xf16>, i32, i32, i32) -> tensor<?x1x16xf32>{%[[B]]}
+  // CHECK:         %[[BI:.+]] = arith.index_cast %[[B:.+]] : index to i32
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_bgmv_f16[%[[B]], %{{.+}}](%arg0, %arg1, %arg2, %[[BI]], %c256_i32, %c16_i32) : (tensor<?x1x256xf16>{%{{.+}}}, tensor<?xi64>{%{{.+}}}, tensor<5x256x16xf16>, i32, i32, i32) -> tensor<?x1x16xf32>{%[[B]]}
   // CHECK-NOT:     tensor.extract
-  func.func @forward_factorized(%x: tensor<?x1x256xf16>, %ids: tensor<?xi64>, %table: tensor<5x256x16xf16>) -> tensor<?x1x16xf32> {
+  // REF-LABEL: func.func @forward_factorized
+  // REF:         %[[BI:.+]] = arith.index_cast %{{.+}} : index to i32
+  // REF-DAG:     %[[X:.+]] = tensor.cast %arg0 : tensor<?x1x256xf16> to tensor<?x1x?xf16>
+  // REF-DAG:     %[[T:.+]] = tensor.cast %arg2 : tensor<5x256x16xf16> to tensor<?x?x?xf16>
+  // REF:         %[[R:.+]] = call @stageml_bgmv_f16_reference(%[[X]], %arg1, %[[T]], %[[BI]], %c256_i32, %c16_i32) : (tensor<?x1x?xf16>, tensor<?xi64>, tensor<?x?x?xf16>, i32, i32, i32) -> tensor<?x1x?xf32>
+  // REF:         tensor.cast %[[R]] : tensor<?x1x?xf32> to tensor<?x1x16xf32>
+  // REF-NOT:     tensor.extract
+  func.func @forward_factorized(%x: tensor<?x1x256xf16>, %ids: tensor<?xi64>, %table: tensor<5x256x16xf16> {bt.kind = "resident"}) -> tensor<?x1x16xf32> attributes {bt.stage = "dynamic", bt.program = "factorized"} {
     %c0 = arith.constant 0 : index
     %zero = arith.constant 0.0 : f32
     %b = tensor.dim %x, %c0 : tensor<?x1x256xf16>
@@ -224,10 +361,13 @@ module {
   }
 
   // No match: f32 products (the kernels are f16 / bf16), and N = 20, not a
-  // multiple of 8 (16-byte rows).
+  // multiple of 32 (the strips).
   // CHECK-LABEL: func.func @unmatched
   // CHECK-COUNT-2: linalg.matmul
   // CHECK-NOT:     flow.dispatch
+  // REF-LABEL: func.func @unmatched
+  // REF-COUNT-2: linalg.matmul
+  // REF-NOT:     call
   func.func @unmatched(%x: tensor<4x64xf32>, %w: tensor<64x32xf32>, %h: tensor<4x64xf16>, %v: tensor<64x20xf16>) -> (tensor<4x32xf32>, tensor<4x20xf16>) {
     %zero = arith.constant 0.0 : f32
     %e = tensor.empty() : tensor<4x32xf32>
@@ -244,4 +384,13 @@ module {
     } -> tensor<4x20xf16>
     return %y, %z : tensor<4x32xf32>, tensor<4x20xf16>
   }
+
+  // The references used are cloned in, private (IREE inlines them), each
+  // marked with the kernel it stands for; those not used are not.
+  // REF-DAG: func.func private @stageml_gemm_f16_reference(%{{.+}}: tensor<?x?xf16>, %{{.+}}: tensor<?x?x32xf16>, %{{.+}}: i32, %{{.+}}: i32, %{{.+}}: i32) -> tensor<?x?xf16> attributes {stageml.reference_of = "stageml_gemm_f16"}
+  // REF-DAG: func.func private @stageml_gemm_bf16_reference(
+  // REF-DAG: func.func private @stageml_lora_f16_reference(
+  // REF-DAG: func.func private @stageml_lora_bf16_reference(
+  // REF-DAG: func.func private @stageml_bgmv_f16_reference(
+  // REF-NOT: stageml_bgmv_bf16_reference
 }

@@ -1,0 +1,137 @@
+"""StageML's sm90 kernels (compiler/sm90/kernels.cu) on a Hopper GPU, without
+IREE: the PTX launched with CuPy (benchmarks/gpu/kernel_check.py's launcher)
+on PyTorch tensors, against float64 PyTorch on the same rounded inputs.
+
+    STAGEML_SM90_PTX=build/sm90/stageml_sm90.ptx python -m pytest -m gpu tests/test_kernels_gpu.py
+
+Without STAGEML_SM90_PTX the PTX is built with nvcc (compiler/sm90/build.py).
+Skipped without a CUDA GPU, on a GPU that is not sm_90 (the PTX is
+compute_90a), and without CuPy.
+
+Each check on fresh random inputs (x ~ N(0,1), w and a ~ N(0,1/K),
+b ~ N(0,1/R)) with y poisoned with NaN: relative error ||y - ref|| / ||ref||
+<= 2e-3 (fp16), <= 1e-2 (bf16), no NaN. Shapes: K = N = 4096 at the timed
+row counts; odd shapes covering every path and tail; ranks that are not a
+multiple of 4 (a read element by element); misaligned pointers (a view one
+element into its buffer), which x or w send to the scalar path; M = 0, which
+must leave y alone. BGMV (rows of one token, each by its own slot's factor,
+f32 out) against einsum: rel. err <= 1e-4. The seed is printed;
+STAGEML_SEED=<seed> repeats a run.
+"""
+
+import os
+import pathlib
+import secrets
+import sys
+import zlib
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("the kernel checks need a CUDA GPU: torch.cuda.is_available() is False", allow_module_level=True)
+if torch.cuda.get_device_capability() != (9, 0):
+    pytest.skip(f"the kernels are compute_90a PTX, which needs a Hopper GPU (sm_90), not "
+                f"{torch.cuda.get_device_name()}", allow_module_level=True)
+pytest.importorskip("cupy", reason="the kernel checks launch the PTX with CuPy, which is not installed")
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"))
+import kernel_check as kc  # noqa: E402
+
+SEED = int(os.environ.get("STAGEML_SEED") or secrets.randbits(32))
+BOUNDS = {"f16": 2e-3, "bf16": 1e-2}
+BGMV_BOUND = 1e-4  # f32 accumulation and output
+SCALE = kc.SCALE
+
+TIMED = [(m, kc.TIMED_KN, kc.TIMED_KN) for m in kc.TIMED_M]
+ODD = [(3, 16, 64), (5, 128, 160), (70, 264, 192), (1, 11008, 4096), (2, 4104, 4096), (1, 8, 32),
+       (16, 264, 96), (17, 520, 96), (33, 72, 64), (64, 136, 64), (65, 40, 96), (130, 520, 160), (100, 8, 32)]
+RANKS = (4, 8, 16, 32)
+
+# (M, K, N, misaligned)
+GEMM = ([(M, K, N, ()) for M, K, N in TIMED + ODD]
+        + [(5, 128, 160, ("x",)), (70, 264, 192, ("w",)), (3, 256, 96, ("y",)), (0, 64, 64, ())])
+# (M, K, N, R, misaligned)
+LORA = ([(M, K, N, kc.RANK, ()) for M, K, N in TIMED] + [(M, K, N, R, ()) for M, K, N in ODD for R in RANKS]
+        + [(1, 256, 64, 1, ()), (3, 136, 96, 5, ()), (80, 136, 96, 5, ()), (66, 64, 64, 6, ())]  # R % 4 != 0
+        + [(3, 256, 96, 8, ("a", "b", "y")), (80, 136, 96, 8, ("a", "b", "y")), (2, 64, 64, 4, ("x",)),
+           (66, 64, 64, 4, ("w",)), (0, 64, 64, 4, ())])
+# (B, K, N)
+BGMV = [(1, 4096, 16), (32, 4096, 16), (32, 16, 4096), (7, 40, 72), (3, 8, 8)]
+
+
+def _id(case) -> str:
+    *dims, misaligned = case if isinstance(case[-1], tuple) else (*case, ())
+    return "x".join(map(str, dims)) + (f"-misaligned-{''.join(misaligned)}" if misaligned else "")
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    ptx = os.environ.get("STAGEML_SM90_PTX")
+    if not ptx:
+        from stageml.compiler.sm90 import build
+        from stageml.errors import CompileError
+        try:
+            ptx = str(build.build() / build.PTX)
+        except CompileError as e:
+            pytest.skip(f"no PTX: set STAGEML_SM90_PTX, or {e}")
+    print(f"{torch.cuda.get_device_name()}, PTX {ptx}, seed {SEED} (STAGEML_SEED={SEED} repeats it)")
+    return kc.Kernels(ptx)
+
+
+@pytest.fixture(autouse=True)
+def _seeded(request):
+    torch.manual_seed(SEED ^ zlib.crc32(request.node.name.encode()))
+
+
+def _check(kernels, kind: str, dtype: str, M: int, K: int, N: int, R: int = 0, misaligned=()) -> None:
+    x = kc.tensor((M, K), dtype, 1.0, "x" in misaligned)
+    w = kc.tensor((K, N), dtype, K ** -0.5)
+    wp = kc.strips(w, "w" in misaligned)
+    y = kc.tensor((max(M, 1), N), dtype, 0.0, "y" in misaligned).fill_(float("nan"))
+    if kind == "gemm":
+        kernels.gemm(dtype, x, wp, y, M, K, N)
+        ref = x.double() @ w.double()
+    else:
+        a = kc.tensor((K, R), dtype, K ** -0.5, "a" in misaligned)
+        b = kc.tensor((R, N), dtype, R ** -0.5, "b" in misaligned)
+        kernels.lora(dtype, x, wp, a, b, y, M, K, N, R, SCALE)
+        ref = x.double() @ w.double() + SCALE * ((x.double() @ a.double()) @ b.double())
+    torch.cuda.synchronize()
+    what = f"{kind} {dtype} M={M} K={K} N={N}" + (f" R={R}" if kind == "lora" else "") + f" (seed {SEED})"
+    if M == 0:
+        assert bool(y.isnan().all()), f"{what}: M = 0 wrote y"
+        return
+    assert bool(torch.isfinite(y).all()), f"{what}: NaN/inf in y"
+    err = float(torch.linalg.norm(y.double() - ref) / torch.linalg.norm(ref))
+    assert err <= BOUNDS[dtype], f"{what}: rel. err {err:.2e} > {BOUNDS[dtype]:.0e}"
+
+
+@pytest.mark.parametrize("dtype", kc.DTYPES)
+@pytest.mark.parametrize("M,K,N,misaligned", GEMM, ids=map(_id, GEMM))
+def test_gemm(kernels, dtype, M, K, N, misaligned):
+    _check(kernels, "gemm", dtype, M, K, N, misaligned=misaligned)
+
+
+@pytest.mark.parametrize("dtype", kc.DTYPES)
+@pytest.mark.parametrize("M,K,N,R,misaligned", LORA, ids=map(_id, LORA))
+def test_lora(kernels, dtype, M, K, N, R, misaligned):
+    _check(kernels, "lora", dtype, M, K, N, R, misaligned)
+
+
+@pytest.mark.parametrize("dtype", kc.DTYPES)
+@pytest.mark.parametrize("B,K,N", BGMV, ids=map(_id, BGMV))
+def test_bgmv(kernels, dtype, B, K, N, slots=5):
+    """Rows of one token, each against its own slot's [K, N] factor."""
+    x = kc.tensor((B, K), dtype, 1.0)
+    table = kc.tensor((slots, K, N), dtype, K ** -0.5)
+    ids = torch.randint(0, slots, (B,), device="cuda")
+    y = torch.full((max(B, 1), N), float("nan"), device="cuda")
+    kernels.bgmv(dtype, x, ids, table, y, B, K, N)
+    torch.cuda.synchronize()
+    ref = torch.einsum("bk,bkn->bn", x.double(), table.double()[ids])
+    assert bool(torch.isfinite(y[:B]).all()), f"bgmv {dtype} B={B} K={K} N={N} (seed {SEED}): NaN/inf in y"
+    err = float(torch.linalg.norm(y[:B].double() - ref) / torch.linalg.norm(ref))
+    assert err <= BGMV_BOUND, f"bgmv {dtype} B={B} K={K} N={N} (seed {SEED}): rel. err {err:.2e} > {BGMV_BOUND:.0e}"
