@@ -1,0 +1,171 @@
+"""The CPU target: IREE's llvm-cpu backend, for the host or a named LLVM CPU.
+
+The CPU's features decide the mmt4d tiles pack-weights lays weights out in.
+The tiles are IREE's own (`enumerateMatmulTileX86_64` / `...Arm64` in
+compiler/src/iree/compiler/Codegen/ExternalInterfaces/CPUEncodingExternalModels.cpp):
+for f32 on x86-64, N0 = 16 with avx512f, 8 with avx, 4 with SSE only; on
+arm64, 8. K0 is 1. M0 is the widest tile's (16 with avx512f, else 8) or,
+for fewer rows, one of its truncations 1, 2, 4(, 8): IREE picks the
+smallest that covers the row count rounded up to a power of two.
+
+Tiles must be the CPU's own: on an AVX2 AMD EPYC (Zen 3), IREE 3.13 with
+its default mmt4d ukernels computed wrong results with f32 tiles 16x16x1,
+8x16x1 and 16x8x1 (which have no AVX2 kernel; 1x16, 4x16 and 16x4 were
+right), and ran ~80x slower than with its own 8x8x1.
+"""
+
+import functools
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+from stageml.compiler.targets import Target
+from stageml.errors import CompileError
+
+# LLVM's x86-64 micro-architecture levels, each adding to the one before.
+_V1 = frozenset({"sse", "sse2"})
+_V2 = _V1 | {"sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "cx16"}
+_V3 = _V2 | {"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "lzcnt", "movbe"}
+_V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+_ICELAKE = _V4 | {"avx512vnni", "avx512ifma", "avx512vbmi", "avx512vbmi2", "avx512bitalg", "avx512vpopcntdq"}
+
+# Named x86-64 LLVM CPUs (`--iree-llvmcpu-target-cpu=NAME`) and the features that matter here.
+CPUS = {
+    "generic": _V1, "x86-64": _V1, "x86-64-v2": _V2, "x86-64-v3": _V3, "x86-64-v4": _V4,
+    "haswell": _V3, "skylake": _V3,
+    "skylake-avx512": _V4,
+    "cascadelake": _V4 | {"avx512vnni"},
+    "icelake-server": _ICELAKE,
+    "sapphirerapids": _ICELAKE | {"avx512bf16", "avx512fp16", "amx-tile", "amx-int8", "amx-bf16"},
+    "znver2": _V3, "znver3": _V3,
+    "znver4": _ICELAKE | {"avx512bf16"},
+}
+
+# The features IREE's mmt4d tile choice reads (fma: the AVX2 f32 kernels' FMAs).
+TILE_FEATURES = frozenset({"avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vnni", "avx512bf16"})
+
+# /proc/cpuinfo flag names → LLVM / iree-cpuinfo names, where they differ.
+_PROC_NAMES = {"pni": "sse3", "sse4_1": "sse4.1", "sse4_2": "sse4.2", "avx512_bf16": "avx512bf16",
+               "avx512_fp16": "avx512fp16", "avx512_vbmi2": "avx512vbmi2", "avx512_vnni": "avx512vnni",
+               "avx512_bitalg": "avx512bitalg", "avx512_vpopcntdq": "avx512vpopcntdq",
+               "amx_tile": "amx-tile", "amx_int8": "amx-int8", "amx_bf16": "amx-bf16", "abm": "lzcnt"}
+
+
+def _arch() -> str:
+    machine = platform.machine().lower()
+    return "arm64" if machine in ("aarch64", "arm64") else "x86_64"
+
+
+def _cpuinfo_binary() -> str | None:
+    """IREE's `iree-cpuinfo` (shipped with iree-base-runtime), or None."""
+    try:
+        from iree import _runtime_libs
+        candidate = os.path.join(_runtime_libs.__path__[0], "iree-cpuinfo")
+        if os.access(candidate, os.X_OK):
+            return candidate
+    except ImportError:
+        pass
+    for candidate in (os.path.join(os.path.dirname(sys.executable), "iree-cpuinfo"), shutil.which("iree-cpuinfo")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def _iree_features() -> frozenset | None:
+    """The host's features as IREE's runtime detects them (`iree-cpuinfo`), or None."""
+    binary = _cpuinfo_binary()
+    if binary is None:
+        return None
+    try:
+        out = subprocess.run([binary], capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    features = set()
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1] in ("0", "1"):
+            if parts[1] == "1":
+                features.add(parts[0])
+        elif parts:
+            return None  # not the format we know
+    return frozenset(features) if out.strip() else None
+
+
+def _proc_features() -> frozenset | None:
+    """The host's features from /proc/cpuinfo's flags (Linux), or None."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return frozenset(_PROC_NAMES.get(flag, flag) for flag in value.split())
+    except OSError:
+        pass
+    return None
+
+
+@functools.cache
+def host_features() -> frozenset:
+    """The host CPU's features: IREE's detection, else /proc/cpuinfo, else the baseline."""
+    baseline = frozenset({"neon"}) if _arch() == "arm64" else _V1
+    detected = _iree_features()
+    if detected is None:
+        detected = _proc_features()
+    return baseline | (detected or frozenset())
+
+
+def f32_tiles(arch: str, features: frozenset) -> tuple:
+    """IREE's f32 mmt4d tiles as a ladder ((max rows, M0, N0, K0), ...), narrowest first."""
+    if arch == "arm64":
+        m0, n0 = 8, 8
+    elif "avx512f" in features:
+        m0, n0 = 16, 16
+    elif "avx" in features:
+        m0, n0 = 8, 8
+    else:
+        m0, n0 = 8, 4
+    ladder = [(m, m, n0, 1) for m in (1, 2, 4, 8, 16) if m < m0]
+    return tuple(ladder) + ((None, m0, n0, 1),)
+
+
+class CpuTarget(Target):
+    """IREE's llvm-cpu backend for one CPU ("host" or an LLVM CPU name)."""
+
+    name = "cpu"
+    backend = "llvm-cpu"
+    device = "local-task"
+
+    def __init__(self, cpu: str = "host"):
+        if cpu == "host":
+            self.arch, self.features = _arch(), host_features()
+        elif cpu in CPUS:
+            self.arch, self.features = "x86_64", CPUS[cpu]
+        else:
+            raise CompileError(f"unknown CPU {cpu!r}: choose host or one of {', '.join(CPUS)}")
+        self.cpu = cpu
+
+    @classmethod
+    def from_options(cls, options):
+        return cls(options.cpu)
+
+    def mmt4d_tiles(self, element: str) -> tuple:
+        """The tile ladder for `element` ("f32"): ((max rows or None, M0, N0, K0), ...),
+        narrowest first, the last one for any row count; () where pack-weights leaves
+        the products to IREE."""
+        return f32_tiles(self.arch, self.features) if element == "f32" else ()
+
+    def flags(self, module_text: str) -> list:
+        # Measured on a 2-core CPU to matter 4x for weight-heavy residuals (DESIGN.md):
+        # what layout work is left is done once, at load time, not per request.
+        return [f"--iree-llvmcpu-target-cpu={self.cpu}", "--iree-opt-data-tiling",
+                "--iree-opt-const-eval", "--iree-opt-const-expr-hoisting"]
+
+    def passes(self) -> list:
+        from stageml.compiler.passes.pack_weights import PackWeightsOptions
+        return [("pack-weights", PackWeightsOptions(cpu=self.cpu))]
+
+    def describe(self) -> dict:
+        return {"name": self.name, "device": self.device, "cpu": self.cpu,
+                "features": sorted(self.features & TILE_FEATURES)}
