@@ -3,8 +3,14 @@
     nn.Module / ExportedProgram / .pt2 path
       → torch.export (non-strict), ATen decompositions (linear/matmul kept)
       → torch-mlir stateless FX import: every parameter, buffer and input is a
-        function argument, tagged `bt.name` with its fully qualified name
+        function argument, tagged `bt.name` with its fully qualified name;
+        `@main` is the program "main" (`bt.program`), its results are named
+        after the ExportedProgram's output specs
       → torch backend IR (value semantics, dynamic dims kept as `?`)
+
+A buffer the model mutates (an output spec of kind BUFFER_MUTATION) is
+request-time state, never a static weight: it is an input of the residual
+and its new value an output named after it.
 """
 
 import dataclasses
@@ -14,12 +20,13 @@ import os
 import zipfile
 
 import torch
-from torch.export.graph_signature import InputKind
+from torch.export.graph_signature import InputKind, OutputKind
 from torch_mlir import fx, ir
 from torch_mlir.compiler_utils import OutputType
 from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 from torch_mlir.extras.fx_importer import FxImporter
 
+from stageml.compiler import facts
 from stageml.compiler.ir import NAME, Diagnostics, set_arg_attr
 from stageml.errors import CompileError, ModelLoadError
 
@@ -36,6 +43,7 @@ class ImportedProgram:
     arg_names: list[str]            # one per function argument, in order
     input_names: list[str]          # the forward inputs (a subset of arg_names)
     weights: dict[str, torch.Tensor]  # parameter/buffer/constant name -> value
+    mutated: set[str]               # buffers the model mutates (request-time state)
 
 
 def load_exported(path: str) -> torch.export.ExportedProgram:
@@ -116,4 +124,13 @@ def import_program(program: torch.export.ExportedProgram, context: ir.Context) -
     func = module.body.operations[0]
     for index, name in enumerate(arg_names):
         set_arg_attr(func, index, NAME, ir.StringAttr.get(name, context))
-    return ImportedProgram(module, arg_names, input_names, weights)
+    mutated, results = set(), []
+    for index, spec in enumerate(program.graph_signature.output_specs):
+        if spec.kind == OutputKind.BUFFER_MUTATION:
+            mutated.add(spec.target)
+            results.append({NAME: spec.target})
+        else:
+            results.append({NAME: f"output.{index - len(mutated)}"})
+    facts.put(func.operation, facts.PROGRAM, facts.MAIN)
+    facts.set_all(func.operation, "res", [{k: facts.attribute(ir, v, context) for k, v in r.items()} for r in results])
+    return ImportedProgram(module, arg_names, input_names, weights, mutated)

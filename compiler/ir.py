@@ -13,7 +13,11 @@ from stageml.dialects import load_bt_dialect
 
 TIME = "bt.time"
 NAME = "bt.name"
-TABLE = "bt.table"  # a @forward argument holding one entry per adapter slot
+
+# torch element types → numpy dtype names
+DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64",
+          "si64": "int64", "si32": "int32", "si16": "int16", "si8": "int8", "ui8": "uint8",
+          "i1": "bool"}
 
 
 def new_context() -> ir.Context:
@@ -29,8 +33,11 @@ def time_attr(time: BindingTime) -> ir.Attribute:
 
 
 def parse_time(attr: ir.Attribute) -> BindingTime:
-    # #bt.time<"adapter"> -> ADAPTER
-    return BindingTime.parse(str(attr).split('"')[1])
+    """The binding time a `#bt.time<...>` attribute denotes (compared as attributes)."""
+    for time in BindingTime:
+        if attr == time_attr(time):
+            return time
+    raise ValueError(f"{attr} is not a #bt.time attribute")
 
 
 # -- function arguments -------------------------------------------------------
@@ -157,11 +164,12 @@ class Diagnostics:
     """
 
     def __init__(self, context):
-        self.context, self.errors = context, []
+        self.context, self.errors, self.locations = context, [], []
 
     def _handle(self, diagnostic) -> bool:
         if diagnostic.severity == ir.DiagnosticSeverity.ERROR:
             self.errors.append(str(diagnostic.message))
+            self.locations.append(diagnostic.location)
         return True
 
     def __enter__(self):
@@ -178,4 +186,6 @@ class Diagnostics:
         message = self.errors[0].splitlines()[0]
         unknown = message.split('name = "', 1)[1].split('"', 1)[0] if 'name = "' in message else None
         message = message.split(": %", 1)[0]
-        return f"{message} ({unknown})" if unknown else message
+        message = f"{message} ({unknown})" if unknown else message
+        where = str(self.locations[0])  # shown as MLIR prints it: loc("models.py":12:0)
+        return f"{message} at {where}" if where != "loc(unknown)" else message

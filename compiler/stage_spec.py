@@ -23,7 +23,7 @@ def parse_stage_option(text: str) -> tuple[str, BindingTime]:
     return glob, BindingTime.parse(time)
 
 
-def resolve(names: list[str], weight_names: set[str], spec=None) -> dict[str, BindingTime]:
+def resolve(names: list[str], weight_names: set[str], spec=None, mutated=frozenset()) -> dict[str, BindingTime]:
     """The binding time of every name in `names`.
 
     Args:
@@ -31,6 +31,7 @@ def resolve(names: list[str], weight_names: set[str], spec=None) -> dict[str, Bi
       weight_names: the names that are parameters, buffers or constants
         (static by default); the rest are forward inputs (dynamic).
       spec: {glob: BindingTime | str} or a list of (glob, time) pairs.
+      mutated: buffers the model mutates: request-time state, always dynamic.
     """
     times = {}
     for name in names:
@@ -48,5 +49,10 @@ def resolve(names: list[str], weight_names: set[str], spec=None) -> dict[str, Bi
                 f"stage glob {glob!r} matches nothing: the model has no arguments"
             )
         for name in matched:
+            if name in mutated and time != BindingTime.DYNAMIC:
+                raise StageSpecError(f"buffer {name!r} is mutated by the model, so it is request-time state and "
+                                     f"cannot be {time.label}: leave it out of stage glob {glob!r}")
             times[name] = time
+    for name in mutated:
+        times[name] = BindingTime.DYNAMIC
     return times

@@ -5,10 +5,13 @@
 //   "bt.lift"(%v) {from, to, name}               %v, computed at `from`, is
 //       used at the later time `to`; after bt-split each lift is a stage
 //       boundary (a parameter or per-adapter state) called `name`.
-//   "bt.gather"(%v, %ids) {from, to, name}       %v is per-tenant state (one
-//       value per loaded adapter); row i of the result is %v of the tenant
-//       whose slot is %ids[i]. After bt-split the state is a table with one
-//       entry per slot, written at adapter load and indexed per request row.
+//   "bt.gather"(%v, %ids) {from, to, name, stack} an earlier-stage stack
+//       indexed by request-time ids: row i of the result is entry %ids[i] of
+//       the stack. `stack` says which stack: "slots", the per-slot copies of
+//       %v (one per loaded adapter; after bt-split a resident table, written
+//       at adapter load), or "leading", %v's own leading dimension (an expert
+//       stack; tenant·E + expert for virtual experts). One lowering family
+//       (index_select by ids, BGMV / grouped products) serves both.
 //
 // The operand and result of bt.lift share one constraint variable, so their
 // types must be equal; `from < to` is checked by bt-verify. bt.gather's
@@ -39,8 +42,11 @@ irdl.dialect @bt {
     %from = irdl.base @bt::@time
     %to = irdl.base @bt::@time
     %name = irdl.base "#builtin.string"
+    %slots = irdl.is "slots"
+    %leading = irdl.is "leading"
+    %stack = irdl.any_of(%slots, %leading)
     irdl.operands(value: %value, ids: %ids)
     irdl.results(rows: %rows)
-    irdl.attributes {"from" = %from, "to" = %to, "name" = %name}
+    irdl.attributes {"from" = %from, "to" = %to, "name" = %name, "stack" = %stack}
   }
 }

@@ -8,9 +8,11 @@ Times come from the resolved stage spec (`options.stages`, name → time);
 arguments it does not name are dynamic.
 """
 
+import dataclasses
+
 from stageml.binding_time import BindingTime
 from stageml.compiler.ir import TIME, arg_name, set_arg_attr, time_attr
-from stageml.compiler.passes import main_func, register
+from stageml.compiler.passes import programs, register
 
 
 def annotate(func, stages: dict) -> None:
@@ -19,6 +21,12 @@ def annotate(func, stages: dict) -> None:
         set_arg_attr(func, index, TIME, time_attr(time))
 
 
-@register("bt-annotate", "binding times of arguments from the stage spec")
-def run(module_op, options) -> None:
-    annotate(main_func(module_op), options.stages)
+@dataclasses.dataclass(frozen=True)
+class BtAnnotateOptions:
+    stages: tuple = ()  # ((argument name, BindingTime), ...), resolved from the stage spec
+
+
+@register("bt-annotate", "binding times of arguments from the stage spec", options=BtAnnotateOptions)
+def run(module_op, options, stats) -> None:
+    for func in programs(module_op):
+        annotate(func, dict(options.stages))

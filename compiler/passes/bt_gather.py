@@ -1,10 +1,12 @@
-"""bt-gather: per-row tenants. Each adapter-time value used at request time
-is gathered by the adapter slot of each request row.
+"""bt-gather: per-row tenants. In the "factorized" program, each
+adapter-time value used at request time is gathered by the adapter slot of
+each request row: the stack it indexes is the value's per-slot copies
+(`stack = "slots"`), which bt-split makes resident state.
 
     %l = "bt.lift"(%at) {from = adapter, to = dynamic, name = "adapter.0"}
     %y = torch.aten.matmul %x, %l : [B,T,K], [K,N] -> [B,T,N]
-  → %g = "bt.gather"(%at, %adapter_ids) {from = adapter, to = dynamic, name = "adapter.0"}
-           : [K,N], [?] -> [?,K,N]
+  → %g = "bt.gather"(%at, %adapter_ids) {from = adapter, to = dynamic, name = "adapter.0",
+                                          stack = "slots"} : [K,N], [?] -> [?,K,N]
     %y = torch.aten.matmul %x, %g : [B,T,K], [?,K,N] -> [B,T,N]  // row b uses %g[b]
 
 `adapter_ids` ([?] si64, one slot per row) becomes the last request input.
@@ -22,10 +24,12 @@ from stageml.binding_time import BindingTime
 from stageml.compiler.ir import (NAME, TIME, const_int, parse_time, set_arg_attr, set_op_time,
                                  time_attr, update_function_type, users, vtensor_shape,
                                  vtensor_type)
-from stageml.compiler.passes import main_func, register
+from stageml.compiler import facts
+from stageml.compiler.passes import program_of, programs, register
 from stageml.errors import CompileError
 
-IDS = "adapter_ids"
+IDS = facts.IDS
+SLOTS = "slots"  # bt.gather's stack: the per-slot copies of an adapter-time value
 
 
 def _ids_argument(func) -> ir.Value:
@@ -84,7 +88,8 @@ def gather(func) -> int:
             rows = ir.Operation.create(
                 "bt.gather", results=[vtensor_type([None] + dims, dtype)], operands=[lift.operands[0], ids],
                 attributes={"from": lift.attributes["from"], "to": lift.attributes["to"],
-                            "name": lift.attributes["name"], TIME: lift.attributes[TIME]})
+                            "name": lift.attributes["name"], "stack": ir.StringAttr.get(SLOTS),
+                            TIME: lift.attributes[TIME]})
         for product in products:
             _per_row_product(product, rows.result)
         lift.erase()
@@ -92,5 +97,7 @@ def gather(func) -> int:
 
 
 @register("bt-gather", "per-row tenants: adapter state used at request time is gathered by row slots")
-def run(module_op, options) -> None:
-    options.stats["gathered"] += gather(main_func(module_op))
+def run(module_op, options, stats) -> None:
+    for func in programs(module_op):
+        if program_of(func) == facts.FACTORIZED:
+            stats["gathered"] += gather(func)

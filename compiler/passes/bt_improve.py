@@ -25,6 +25,9 @@ applies only when it lowers request-time FLOPs (never for a low-rank pair).
 Layout work on earlier-stage values (transposes of weights, casts, reshapes)
 needs no rewrite here: bt-propagate gives it the earlier time and bt-split
 hoists it into @static or @adapter.
+
+A "factorized" program keeps its LoRA sites as they are (it serves each
+row's adapter from its factors): the pass leaves it alone.
 """
 
 import dataclasses
@@ -32,7 +35,8 @@ import dataclasses
 from stageml.binding_time import BindingTime
 from stageml.compiler.ir import (const_int, erase_dead_ops, is_rematerializable, set_op_time,
                                  users, value_time, vtensor_shape, vtensor_type)
-from stageml.compiler.passes import main_func, register
+from stageml.compiler.facts import FACTORIZED
+from stageml.compiler.passes import program_of, programs, register
 from stageml.compiler.passes.bt_propagate import op_time
 from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
@@ -138,7 +142,7 @@ def add_biases(value: ir.Value, biases) -> ir.Value:
     return value
 
 
-def improve(func, options) -> None:
+def improve(func, merge_lora: bool, stats) -> None:
     block = func.regions[0].blocks[0]
     for op in reversed(list(block.operations)):
         op = op.operation
@@ -152,7 +156,7 @@ def improve(func, options) -> None:
         inputs, outputs = _dims(form.x)[-1], _dims(op.result)[-1]
         if inputs is None or outputs is None or inputs * outputs >= form.flops:
             continue  # merging would not lower request-time FLOPs
-        if not options.merge_lora and _matrix_time(form.matrix) == BindingTime.ADAPTER:
+        if not merge_lora and _matrix_time(form.matrix) == BindingTime.ADAPTER:
             continue  # the cost policy keeps adapters factorized
         with ir.InsertionPoint(op), op.location:
             matrix = _build(form.matrix, vtensor_shape(op.result.type)[1])
@@ -160,10 +164,18 @@ def improve(func, options) -> None:
             set_op_time(product.owner, BindingTime.DYNAMIC)
             product = add_biases(product, form.biases)
         op.result.replace_all_uses_with(product)
-        options.stats["lora-merge" if op.name == "torch.aten.add.Tensor" else "reassociate"] += 1
+        stats["lora-merge" if op.name == "torch.aten.add.Tensor" else "reassociate"] += 1
     erase_dead_ops(block)
 
 
-@register("bt-improve", "binding-time improvements: LoRA merge, FLOP-aware reassociation")
-def run(module_op, options) -> None:
-    improve(main_func(module_op), options)
+@dataclasses.dataclass(frozen=True)
+class BtImproveOptions:
+    merge_lora: bool = True  # the cost policy may decline LoRA merges
+
+
+@register("bt-improve", "binding-time improvements: LoRA merge, FLOP-aware reassociation",
+          options=BtImproveOptions)
+def run(module_op, options, stats) -> None:
+    for func in programs(module_op):
+        if program_of(func) != FACTORIZED:
+            improve(func, options.merge_lora, stats)

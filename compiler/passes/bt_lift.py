@@ -8,8 +8,8 @@
     %y = torch.aten.matmul %x, %l
 
 One lift per (value, later time), shared by all its users there. A lifted
-argument keeps its model name; computed values are named `<time>.<n>`
-(after `options.lift_prefix`).
+argument keeps its model name; computed values are named `<time>.<n>`,
+after `<program>.` in programs other than "main" (`factorized.adapter.0`).
 Constants (and non-tensor values computed from them) are not lifted: bt-split
 clones them into each stage that uses them. The function's results are
 request-time, so an earlier-time result is lifted to dynamic.
@@ -20,7 +20,8 @@ from torch_mlir import ir
 from stageml.binding_time import BindingTime
 from stageml.compiler.ir import (TIME, arg_name, is_rematerializable, is_tensor, time_attr,
                                  value_time)
-from stageml.compiler.passes import main_func, register
+from stageml.compiler.passes import program_of, programs, register
+from stageml.compiler.facts import MAIN
 from stageml.errors import CompileError
 
 
@@ -68,6 +69,8 @@ def lift(func, prefix: str = "") -> dict:
 
 
 @register("bt-lift", "explicit bt.lift ops where a value crosses to a later stage")
-def run(module_op, options) -> None:
-    for (source, to), count in lift(main_func(module_op), options.lift_prefix).items():
-        options.stats[f"lifted {source.label}->{to.label}"] += count
+def run(module_op, options, stats) -> None:
+    for func in programs(module_op):
+        program = program_of(func)
+        for (source, to), count in lift(func, "" if program == MAIN else program + ".").items():
+            stats[f"lifted {source.label}->{to.label}"] += count

@@ -12,7 +12,7 @@ dynamic. This is the least congruent annotation (DESIGN.md):
 
 from stageml.binding_time import BindingTime
 from stageml.compiler.ir import is_effectful, set_op_time, value_time
-from stageml.compiler.passes import main_func, register
+from stageml.compiler.passes import programs, register
 
 def op_time(op) -> BindingTime:
     """The binding time `op` must have, from its operands and its kind."""
@@ -28,5 +28,6 @@ def propagate(func) -> None:
 
 
 @register("bt-propagate", "binding-time analysis: each op gets the join of its operands")
-def run(module_op, options) -> None:
-    propagate(main_func(module_op))
+def run(module_op, options, stats) -> None:
+    for func in programs(module_op):
+        propagate(func)

@@ -1,33 +1,45 @@
-"""bt-split: outline one function per binding time.
+"""bt-split: outline one function per binding time, for each program.
 
-    func @main(%w {static}, %a {adapter}, %x {dynamic}) {
+    func @main(%w {static}, %a {adapter}, %x {dynamic}) attributes {bt.program = "main"} {
       %t = transpose %w                       // static
       %l0 = "bt.lift"(%t) {to = adapter, name = "static.0"}
       %m = add %l0, %a                        // adapter
       %l1 = "bt.lift"(%m) {to = dynamic, name = "adapter.0"}
       %y = matmul %x, %l1                     // dynamic
       return %y }
-  → func @static(%w) -> (%t {bt.name = "static.0"})
-    func @adapter(%static.0, %a) -> (%m {bt.name = "adapter.0"})
-    func @forward(%adapter.0, %x) -> %y
+  → func @static(%w {bt.name = "fc.weight", bt.kind = "parameter"})
+        -> (%t {bt.name = "static.0", bt.kind = "parameter"})  attributes {bt.stage = "static", ...}
+    func @adapter(%static.0 {bt.kind = "parameter"}, %a {bt.kind = "input"})
+        -> (%m {bt.name = "adapter.0", bt.kind = "state"})      attributes {bt.stage = "adapter", ...}
+    func @forward(%adapter.0 {bt.kind = "state", bt.result = 0}, %x {bt.kind = "input"})
+        -> (%y {bt.name = "output.0", bt.kind = "output"})      attributes {bt.stage = "dynamic", ...}
 
-A `bt.gather` of adapter state makes that state a result of @adapter and a
-table argument of @forward (one entry per adapter slot, `bt.table`), which
-@forward indexes by the rows' slots:
+The facts each function, argument and result carries are compiler/facts.py's;
+the stage functions of a program other than "main" are suffixed with it
+(`@forward_factorized`). The split IR holds no `#bt.time` any more: a
+stage function's ops all belong to its stage.
 
-    %g = "bt.gather"(%m, %ids) {name = "adapter.0"}      // in @main
-  → func @adapter(...) -> (%m {bt.name = "adapter.0"})
-    func @forward(%adapter.0 {bt.table}, ..., %ids) {
+A `bt.gather` of the per-slot copies of adapter state (`stack = "slots"`)
+makes that state resident: a result of @adapter and an argument of
+@forward of kind "resident", declared once on the module with its owning
+stage, shape (the slot dimension leading, `max_adapters` + 1 entries: slot
+0 is the base model) and program; @forward indexes it by the rows' slots.
+A gather of a value's own leading dimension (`stack = "leading"`) indexes
+the value itself:
+
+    %g = "bt.gather"(%m, %ids) {name = "adapter.0", stack = "slots"}    // in @main
+  → module attributes {bt.resident = [{name = "adapter.0", owner = "adapter", program = "factorized",
+                                       shape = [5, 64, 16], slot_dim = 0, dtype = "float32"}]}
+    func @forward(%adapter.0 {bt.kind = "resident"}, ..., %ids) {
       %g = torch.aten.index_select %adapter.0, 0, %ids ... }
 
 Arguments of a later stage are, in order: values lifted from static, values
-lifted from adapter, then the model's arguments of that time; each carries
-`bt.name` and `bt.time` (the time it comes from); an unused static or
-adapter-time argument (an inactive adapter's weights) is dropped. A static argument used
-later as it is (an embedding table) is not routed through @static: the
-later stage names the parameter itself. Constants are cloned into
-each stage that uses them. @static and @adapter are left out when they have
-no results.
+lifted from adapter, then the model's arguments of that time. An unused
+static or adapter-time argument (an inactive adapter's weights) is dropped.
+A static argument used later as it is (an embedding table) is not routed
+through @static: the later stage names the parameter itself. Constants are
+cloned into each stage that uses them. @static and @adapter are left out
+when they have no results.
 """
 
 from torch_mlir import ir
@@ -35,13 +47,14 @@ from torch_mlir.dialects import func as func_d
 from torch_mlir.dialects import torch as torch_d
 
 from stageml.binding_time import BindingTime
-from stageml.compiler.ir import (NAME, TABLE, TIME, arg_attrs, arg_name, const_int,
-                                 is_rematerializable, parse_time, set_arg_attr, set_op_time,
-                                 time_attr, users, value_time)
-from stageml.compiler.passes import main_func, register
+from stageml.compiler import facts
+from stageml.compiler.ir import (DTYPES, NAME, TIME, arg_attrs, arg_name, const_int, is_rematerializable,
+                                 parse_time, users, value_time, vtensor_shape)
+from stageml.compiler.passes import program_of, programs, register
+from stageml.errors import CompileError
 
 STAGE_FUNCS = {BindingTime.STATIC: "static", BindingTime.ADAPTER: "adapter",
-               BindingTime.DYNAMIC: "forward"}
+               BindingTime.DYNAMIC: "forward"}  # symbol names only: facts say what a function is
 
 
 def _lift_info(op):
@@ -86,27 +99,39 @@ def _plan(main) -> dict:
     return stages
 
 
-def _emit(stage, main, results) -> None:
+def _kind(stage, name, source) -> str:
+    if source is None:
+        return facts.PARAMETER if stage.time == BindingTime.STATIC else facts.INPUT
+    if name in stage.gathers and _stack(stage.gathers[name]) == "slots":
+        return facts.RESIDENT_KIND
+    return facts.PARAMETER if source == BindingTime.STATIC else facts.STATE
+
+
+def _stack(gather) -> str:
+    return ir.StringAttr(gather.attributes["stack"]).value
+
+
+def _emit(stage, main, results, stages, symbol, result_facts) -> None:
     types = [v.type for v, _ in stage.inputs.values()]
-    func = func_d.FuncOp(STAGE_FUNCS[stage.time], ir.FunctionType.get(types, [v.type for v in results]))
+    func = func_d.FuncOp(symbol, ir.FunctionType.get(types, [v.type for v in results]))
     entry = func.add_entry_block()
-    mapping = {}
+    mapping, arg_entries = {}, []
+    adapter_outputs = list(stages[BindingTime.ADAPTER].outputs)
     for index, (name, (value, source)) in enumerate(stage.inputs.items()):
         mapping[value] = entry.arguments[index]
-        set_arg_attr(func.operation, index, NAME, ir.StringAttr.get(name))
-        set_arg_attr(func.operation, index, TIME, time_attr(source if source is not None else stage.time))
-        if source is None:
-            for key, attr in arg_attrs(main, value.arg_number).items():
-                if key not in (NAME, TIME):
-                    set_arg_attr(func.operation, index, key, attr)
+        entry_facts = {"name": name, "kind": _kind(stage, name, source)}
+        if entry_facts["kind"] == facts.STATE:
+            entry_facts["result"] = adapter_outputs.index(name)
+        attrs = {k: a for k, a in arg_attrs(main, value.arg_number).items() if not k.startswith("bt.")} \
+            if source is None else {}
+        attrs.update({"bt." + k: facts.attribute(ir, v) for k, v in entry_facts.items()})
+        arg_entries.append(attrs)
+    facts.set_all(func.operation, "arg", arg_entries)
 
     with ir.InsertionPoint(entry):
         for name, gather in stage.gathers.items():
-            index = list(stage.inputs).index(name)
-            set_arg_attr(func.operation, index, TABLE, ir.UnitAttr.get())
-            rows = torch_d.AtenIndexSelectOp(gather.result.type, entry.arguments[index], const_int(0, annotate=True),
-                                             mapping[gather.operands[1]])
-            set_op_time(rows.operation, BindingTime.DYNAMIC)
+            table = entry.arguments[list(stage.inputs).index(name)]
+            rows = torch_d.AtenIndexSelectOp(gather.result.type, table, const_int(0), mapping[gather.operands[1]])
             mapping[gather.result] = rows.result
 
     def lookup(value):
@@ -120,6 +145,8 @@ def _emit(stage, main, results) -> None:
         new = op.clone()
         for index, value in enumerate(operands):
             new.operands[index] = value
+        if TIME in new.attributes:
+            del new.attributes[TIME]
         for old, fresh in zip(op.results, new.results):
             mapping[old] = fresh
 
@@ -127,26 +154,62 @@ def _emit(stage, main, results) -> None:
         for op in stage.ops:
             clone(op)
         func_d.ReturnOp([lookup(v) for v in results])
-    if stage.time != BindingTime.DYNAMIC:
-        func.operation.attributes["res_attrs"] = ir.ArrayAttr.get(
-            [ir.DictAttr.get({NAME: ir.StringAttr.get(n)}) for n in stage.outputs])
+    facts.set_all(func.operation, "res", [{"bt." + k: facts.attribute(ir, v) for k, v in f.items()}
+                                          for f in result_facts])
+    facts.put(func.operation, facts.STAGE, stage.time.label)
+    facts.put(func.operation, facts.PROGRAM, program_of(main))
 
 
-def split(module_op) -> dict:
-    """Replaces @main by @static, @adapter and @forward; returns {stage: op count}."""
-    main = main_func(module_op)
+def _result_facts(stage, stages, main) -> list:
+    """The facts of `stage`'s results (a later stage's view of what it returns)."""
+    if stage.time == BindingTime.DYNAMIC:
+        return [{"name": f"output.{i}", **facts.facts(main, "res", i), "kind": facts.OUTPUT}
+                for i in range(len(list(main.regions[0].blocks[0].operations)[-1].operands))]
+    later = [s for s in stages.values() if s.time > stage.time]
+    entries = []
+    for name in stage.outputs:
+        kind = facts.PARAMETER if stage.time == BindingTime.STATIC else facts.STATE
+        if any(name in s.gathers and _stack(s.gathers[name]) == "slots" for s in later):
+            kind = facts.RESIDENT_KIND
+        entries.append({"name": name, "kind": kind})
+    return entries
+
+
+def _declare_resident(module_op, stage, program) -> None:
+    """Adds the resident state `stage` gathers by slots to the module's bt.resident."""
+    declared = facts.get(module_op, facts.RESIDENT, [])
+    for name, gather in stage.gathers.items():
+        if _stack(gather) != "slots":
+            continue
+        tenants = facts.get(module_op, facts.TENANTS)
+        if tenants is None:
+            raise CompileError(f"bt.gather {name!r} indexes adapter slots, but the module declares no "
+                               "bt.tenants: run lora-sites (a multi-tenant compile) first")
+        dims, dtype = vtensor_shape(gather.operands[0].type)
+        declared.append({"name": name, "owner": parse_time(gather.attributes["from"]).label, "program": program,
+                         "shape": [tenants["max_adapters"] + 1] + dims, "slot_dim": 0, "dtype": DTYPES[dtype]})
+    if declared:
+        facts.put(module_op, facts.RESIDENT, declared)
+
+
+def split_program(module_op, main) -> dict:
+    """Replaces program function `main` by its stage functions; returns {stage: op count}."""
     stages = _plan(main)
+    program = program_of(main)
+    suffix = "" if program == facts.MAIN else "_" + program
     returned = list(main.regions[0].blocks[0].operations)[-1].operands
     with ir.InsertionPoint(main), main.location:
         for time in BindingTime:
             stage = stages[time]
             results = list(stage.outputs.values()) if time != BindingTime.DYNAMIC else list(returned)
             if time == BindingTime.DYNAMIC or results:
-                _emit(stage, main, results)
+                _emit(stage, main, results, stages, STAGE_FUNCS[time] + suffix, _result_facts(stage, stages, main))
+        _declare_resident(module_op, stages[BindingTime.DYNAMIC], program)
     main.erase()
     return {time: len(stage.ops) for time, stage in stages.items()}
 
 
-@register("bt-split", "outline one function per stage: @static, @adapter, @forward")
-def run(module_op, options) -> None:
-    split(module_op)
+@register("bt-split", "one function per stage and program: @static, @adapter, @forward")
+def run(module_op, options, stats) -> None:
+    for func in programs(module_op):
+        split_program(module_op, func)

@@ -6,7 +6,7 @@ exist, a tensor crosses to a later stage only through a `bt.lift` (or a
 """
 
 from stageml.compiler.ir import TIME, is_rematerializable, parse_time, value_time
-from stageml.compiler.passes import main_func, register
+from stageml.compiler.passes import programs, register
 from stageml.errors import CompileError
 
 CROSSINGS = ("bt.lift", "bt.gather")  # the ops that carry a value to a later stage
@@ -38,5 +38,6 @@ def verify(func) -> None:
 
 
 @register("bt-verify", "check congruence and explicit stage crossings")
-def run(module_op, options) -> None:
-    verify(main_func(module_op))
+def run(module_op, options, stats) -> None:
+    for func in programs(module_op):
+        verify(func)

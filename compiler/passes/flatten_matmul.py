@@ -13,7 +13,7 @@ lowers that view of two dynamic dims as if the second were 1.)
 
 import math
 
-from torch_mlir import ir
+from torch_mlir import ir, rewrite
 from torch_mlir.dialects import torch as torch_d
 
 from stageml.compiler.ir import const_int, users, vtensor_shape, vtensor_type
@@ -24,30 +24,34 @@ def _int_list(values) -> ir.Value:
     return torch_d.PrimListConstructOp(ir.Type.parse("!torch.list<int>"), values).result
 
 
-def flatten(op) -> bool:
+def flatten(op, rewriter) -> bool:
+    """The pattern: True when it does not apply (the bindings' convention)."""
     x, w = op.operands
     x_dims, dtype = vtensor_shape(x.type)
     w_dims, _ = vtensor_shape(w.type)
-    if len(x_dims) < 3 or len(w_dims) != 2:
-        return False
+    if len(x_dims) < 3 or len(w_dims) != 2 or not users(op.result):
+        return True
     k, n = w_dims
     rows = None if None in x_dims[:-1] else math.prod(x_dims[:-1])
-    with ir.InsertionPoint(op), op.location:
+    with rewriter.ip, op.location:
         flat = torch_d.AtenFlattenUsingIntsOp(vtensor_type([rows, k], dtype), x, const_int(0), const_int(len(x_dims) - 2))
         product = torch_d.AtenMmOp(vtensor_type([rows, n], dtype), flat.result, w)
         sizes = [torch_d.AtenSizeIntOp(x, const_int(d)).result if size is None else const_int(size)
                  for d, size in enumerate(x_dims[:-1])]
         out = torch_d.AtenViewOp(op.result.type, product.result, _int_list(sizes + [const_int(n)]))
-    op.result.replace_all_uses_with(out.result)
-    op.erase()
-    return True
+    rewriter.replace_op(op, [out.result])
+    return False
 
 
 @register("flatten-matmul", "rewrite matmul(x[...,K], W[K,N]) as a 2-D mm between views")
-def run(module_op, options) -> None:
-    for func in module_op.regions[0].blocks[0].operations:
-        if not len(func.regions) or not len(func.regions[0].blocks):
-            continue  # a declaration
-        for op in list(func.regions[0].blocks[0].operations):
-            if op.operation.name == "torch.aten.matmul" and users(op.result):
-                options.stats["flatten-matmul"] += flatten(op.operation)
+def run(module_op, options, stats) -> None:
+    patterns = rewrite.RewritePatternSet(module_op.context)
+
+    def pattern(op, rewriter):
+        unmatched = flatten(op, rewriter)
+        stats["flatten-matmul"] += not unmatched
+        return unmatched
+
+    patterns.add("torch.aten.matmul", pattern)
+    # The walk driver: no folding, so bt-split's output keeps its shape.
+    rewrite.walk_and_apply_patterns(module_op, patterns.freeze())

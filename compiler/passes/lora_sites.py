@@ -17,17 +17,28 @@ and without its scaling, which becomes a property of each loaded adapter
     %z = torch.aten.add.Tensor (matmul %x, %wt),
            (matmul (matmul %x, (transpose %A)), (transpose %B)), %int1
 
-Each site is recorded in `options.sites` (names, shapes, rank, scaling).
+The sites are described once, on the module, for everything downstream
+(the manifest, the cost policy, the PEFT loader): one dictionary per site
+naming its factor arguments, with shapes, the model's rank and scaling,
+the element type and its expert count (0: a dense layer), next to the
+multi-tenant configuration:
+
+    module attributes {bt.tenants = {max_adapters = 4, max_rank = 8},
+      bt.sites = [{lora_A = "fc.lora_A.default.weight", lora_B = "...", in_features = 64,
+                   out_features = 48, rank = 4, scaling = 2.0, dtype = "float32", experts = 0}]}
 """
+
+import dataclasses
 
 from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 
 from stageml.binding_time import BindingTime
-from stageml.compiler.ir import (arg_name, const_int, erase_dead_ops, set_op_time,
+from stageml.compiler.ir import (DTYPES, arg_name, const_int, erase_dead_ops, set_op_time,
                                  update_function_type, users, value_time, vtensor_shape,
                                  vtensor_type)
-from stageml.compiler.passes import main_func, register
+from stageml.compiler import facts
+from stageml.compiler.passes import programs, register
 from stageml.compiler.passes.bt_improve import add_biases, linear_form
 from stageml.compiler.passes.bt_propagate import op_time
 from stageml.errors import CompileError
@@ -142,7 +153,7 @@ def canonicalize(func, rank: int) -> list:
         padded[a] = vtensor_type([rank, k], dtype)
         padded[b] = vtensor_type([n, rank], dtype)
         sites.append({"lora_A": a_name, "lora_B": b_name, "in_features": k, "out_features": n,
-                      "rank": r, "scaling": scaling})
+                      "rank": r, "scaling": float(scaling), "dtype": DTYPES[dtype], "experts": 0})
     erase_dead_ops(block)
     for arg, type_ in padded.items():
         stale = [u for u in users(arg) if u.name != "torch.aten.transpose.int" or u.results[0].type
@@ -155,9 +166,19 @@ def canonicalize(func, rank: int) -> list:
     return list(reversed(sites))
 
 
-@register("lora-sites", "rebuild each LoRA site as x@W + (x@A^T)@B^T with rank-R, pre-scaled factors")
-def run(module_op, options) -> None:
-    if options.max_rank is None:
-        raise CompileError("lora-sites needs a maximum rank: pass --max-rank")
-    options.sites = canonicalize(main_func(module_op), options.max_rank)
-    options.stats["lora-site"] += len(options.sites)
+@dataclasses.dataclass(frozen=True)
+class LoraSitesOptions:
+    max_rank: int = 16     # the rank every site's factors are padded to
+    max_adapters: int = 1  # adapter slots of the multi-tenant residual
+
+
+@register("lora-sites", "rebuild each LoRA site as x@W + (x@A^T)@B^T with rank-R, pre-scaled factors",
+          options=LoraSitesOptions)
+def run(module_op, options, stats) -> None:
+    sites = [site for func in programs(module_op) for site in canonicalize(func, options.max_rank)]
+    if not sites:
+        raise CompileError("the model has no LoRA site (x@W + s*(x@A^T)@B^T with adapter-time PEFT lora_A/lora_B "
+                           "weights): compile a PEFT LoRA model, or compile without max_adapters")
+    facts.put(module_op, facts.SITES, sites)
+    facts.put(module_op, facts.TENANTS, {"max_adapters": options.max_adapters, "max_rank": options.max_rank})
+    stats["lora-site"] += len(sites)

@@ -1,14 +1,8 @@
 // RUN: stageml-opt %s -p bt-annotate | filecheck %s
-// XFAIL: *
 
 // stageml-opt knows no parameter names, so with no --stage only PEFT's
 // adapter names get a time other than dynamic (as they do with a --stage,
 // bt-annotate.mlir).
-//
-// Expected to fail: stageml-opt resolves the stage spec only when a --stage is given
-// (tools/stageml_opt.py: `if name == "bt-annotate" and args.stage`), so
-// with none bt-annotate runs with no stages and fc.lora_A.weight comes out
-// dynamic. Remove the XFAIL line when that is fixed.
 
 // CHECK-LABEL: func.func @main
 // CHECK-SAME: {bt.name = "fc.weight", bt.time = #bt.time<"dynamic">}

@@ -1,0 +1,54 @@
+"""CompileOptions: everything a compile may be told, shared by the Python API,
+`stagemlc` and the driver. Frozen, and checked when made."""
+
+import dataclasses
+
+from stageml.binding_time import BindingTime
+from stageml.errors import CompileError
+
+EMITS = ("torch", "bt", "split", "linalg", "iree", "vmfb")
+KERNELS = (True, False, "reference")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileOptions:
+    """Options of one compile (see `stageml.compile` for each one's meaning).
+
+    stages: ((glob, BindingTime), ...) over parameter, buffer and input names.
+    target: "cpu", "cuda" or "sm90"; cpu: the CPU to compile for ("host", or
+    an LLVM CPU name such as "znver4"). custom_kernels: sm90's hand-written
+    kernels (True), none (False), or their CPU references ("reference": the
+    sm90 residual built for the CPU, to check its rewrites numerically).
+    """
+
+    stages: tuple = ()
+    target: str = "cpu"
+    cpu: str = "host"
+    emit: str = "vmfb"
+    dump_dir: str | None = None
+    merge_lora: bool = True
+    max_adapters: int | None = None
+    max_rank: int = 16
+    custom_kernels: bool | str = True
+    verbose: bool = False
+
+    def __post_init__(self):
+        stages = self.stages.items() if isinstance(self.stages, dict) else (self.stages or ())
+        object.__setattr__(self, "stages", tuple((g, BindingTime.parse(t)) for g, t in stages))
+        if self.emit not in EMITS:
+            raise CompileError(f"unknown stage {self.emit!r} to emit: choose one of {', '.join(EMITS)}")
+        if self.custom_kernels not in KERNELS:
+            raise CompileError(f"custom_kernels is True, False or 'reference', not {self.custom_kernels!r}")
+        if self.max_adapters is not None:
+            if isinstance(self.max_adapters, bool) or int(self.max_adapters) < 1 or int(self.max_rank) < 1:
+                raise CompileError(f"max_adapters ({self.max_adapters}) and max_rank ({self.max_rank}) "
+                                   "must be at least 1")
+            if not self.merge_lora:
+                raise CompileError("a multi-tenant residual holds both forms and chooses per adapter when serving: "
+                                   "drop --no-lora-merge (merge_lora=False) and load with policy='factorized' instead")
+            object.__setattr__(self, "max_adapters", int(self.max_adapters))
+        object.__setattr__(self, "max_rank", int(self.max_rank))
+
+    @property
+    def multi_tenant(self) -> bool:
+        return self.max_adapters is not None
