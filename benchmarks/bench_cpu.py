@@ -19,7 +19,7 @@ is checked against eager PEFT before anything is timed.
 Timing and the shared-machine guard: benchmarks/harness.py (blocks of
 warm-up + timed calls, medians, retimed while other processes use the CPUs).
 torch.set_num_threads is set to the core count. The shipped compiler is
-measured as is (flags: stageml.compiler.lowering.CPU_FLAGS).
+measured as is (flags: the CPU target's, stageml.compiler.targets.cpu).
 """
 
 import argparse
@@ -34,7 +34,7 @@ import torch
 import stageml
 from harness import add_timing_options, fmt_ms, fmt_pct, loadavg, rel_err, start, timed
 from workloads import LINEAR_LORA, LLAMA_LORA, Linear, Logits, small_llama
-from stageml.compiler import lowering
+from stageml.compiler.targets.cpu import CpuTarget
 
 MAX_REL_ERR = 1e-4
 TARGETS = {64: 1.0, 1: 1.5}  # LoRA linear: tokens -> max StageML / eager merged
@@ -136,7 +136,9 @@ def main():
     add_timing_options(parser)
     args = parser.parse_args()
 
-    start("StageML CPU benchmark", args, [f"IREE flags  {' '.join(lowering.CPU_FLAGS)}"])
+    host = CpuTarget("host")
+    start("StageML CPU benchmark", args, [f"IREE flags  {' '.join(host.flags(''))}",
+                                          f"mmt4d f32 tiles (max rows, M0, N0, K0)  {host.mmt4d_tiles('f32')}"])
 
     rows, notes = [], []
     started = time.perf_counter()

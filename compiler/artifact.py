@@ -7,7 +7,7 @@ from importlib import metadata
 import numpy as np
 from iree import runtime as iree_rt
 
-from stageml.compiler.lowering import PARAMETER_SCOPE, TARGETS
+from stageml.compiler.passes.use_parameters import SCOPE
 from stageml.runtime.module import FORMAT, numpy_dtype
 
 DEFAULT_ADAPTER = "default_adapter/"
@@ -23,46 +23,32 @@ class Artifact:
 
     Attributes:
       report: the compile report (`print(art.report)`).
-      mlir: {stage: text or bytes} for every stage produced.
+      mlir: {stage: text} for every IR stage produced (with locations).
       vmfb: the residual module (bytes); None when compilation stopped early.
-      parameters: {name: ndarray} folded by partial evaluation.
+      entry_points: each entry point as the final IR describes it
+        (compiler/entry_points.py): symbol, stage, program, arguments and
+        results in call order, with their facts, shapes and dtypes.
+      parameters: {name: ndarray} the residual reads (folded or as given).
       default_adapter: {name: ndarray} the adapter weights the model came with.
       tenants: for a multi-tenant compile, {"max_adapters", "max_rank", "sites"}.
+      target: what the target records of itself (name, device, ...).
     """
 
     def __init__(self):
         self.report = None
         self.mlir = {}
         self.vmfb = None
+        self.entry_points = []
         self.parameters = {}
         self.default_adapter = {}
-        self.signatures = {}
         self.tenants = None
-        self.target = "cpu"
+        self.target = {"name": "cpu", "device": "local-task"}
 
     def manifest(self, stem: str) -> dict:
-        """The .json manifest. Per entry point: `inputs` in call order after
-        `state` (the adapter state @forward takes first, as @adapter returns
-        it); a factorized @adapter also takes the slot last, and its state
-        lives in `tables`."""
-        entry_points = {}
-        for name, sig in self.signatures.items():
-            if name.startswith("static"):
-                continue
-            time = "dynamic" if name.startswith("forward") else "adapter"
-            entry = {"inputs": [a.as_dict() for a in sig.args if a.time == time]}
-            if name.startswith("forward"):
-                entry["state"] = [a.name for a in sig.args if a.time == "adapter" and not a.table]
-                entry["outputs"] = [r.as_dict() for r in sig.results]
-            elif name.endswith("_factorized"):
-                entry["tables"] = [r.as_dict() for r in sig.results]
-            else:
-                entry["state"] = [r.as_dict() for r in sig.results]
-            entry_points[name] = entry
-        manifest = {"format": FORMAT, "target": self.target, "device": TARGETS[self.target].device,
-                    "vmfb": stem + ".vmfb",
-                    "parameters": stem + ".irpa", "parameter_scope": PARAMETER_SCOPE,
-                    "default_adapter_prefix": DEFAULT_ADAPTER, "entry_points": entry_points,
+        """The .json manifest: everything the runtime needs, derived from the IR."""
+        manifest = {"format": FORMAT, "target": self.target, "device": self.target["device"],
+                    "vmfb": stem + ".vmfb", "parameters": stem + ".irpa", "parameter_scope": SCOPE,
+                    "default_adapter_prefix": DEFAULT_ADAPTER, "entry_points": self.entry_points,
                     "report": self.report.as_dict(), "versions": _versions()}
         if self.tenants is not None:
             manifest["tenants"] = self.tenants

@@ -1,196 +1,277 @@
-"""The compile driver: an ordered mapping of stages, each a compile step.
+"""The compile driver: one declared pipeline, an ordered mapping from each
+stage to the step that produces it from the stage before.
 
-    torch  → .torch.mlir   torch backend IR of the model
-    bt     → .bt.mlir      annotated, improved, lifted (bt-annotate … bt-lift)
-    split  → .split.mlir   @static, @adapter, @forward (bt-split, flatten-matmul)
-    linalg → .linalg.mlir  each stage lowered by torch-mlir
-    iree   → .iree.mlir    @static evaluated; the residual as IREE input
-                           (parameters, adapter state, packed weights; for
-                           sm90, the Hopper target and custom kernels)
-    vmfb   → .vmfb         the residual compiled by IREE
+    torch  → .torch.mlir   torch backend IR of the model (frontend)
+    bt     → .bt.mlir      binding times: annotated, improved, lifted; for a
+                           multi-tenant compile also LoRA sites, the factorized
+                           program and its per-row gathers (BT_PIPELINE)
+    split  → .split.mlir   stage functions with their facts (SPLIT_PIPELINE)
+    linalg → .linalg.mlir  lowered by torch-mlir, in IREE's context
+    iree   → .iree.mlir    @static evaluated now (partial evaluation); the
+                           residual as IREE input (RESIDUAL_PIPELINE, then
+                           the target's own passes)
+    vmfb   → .vmfb         the residual compiled by IREE for the target
 
-`compile(..., emit=STAGE)` stops after STAGE; `dump_dir` writes every stage's
-output as it is produced.
-
-Multi-tenant compiles (`max_adapters`) first rebuild every LoRA site with
-rank-`max_rank` factors (lora-sites), then build two programs from it:
-merged (bt-improve folds each adapter into its own weights; @adapter and
-@forward) and factorized (per-row gathers of the factors; @adapter_factorized
-and @forward_factorized, suffixed). Both go into one .vmfb; static values
-they share are folded and stored once.
+Every stage can be dumped (`dump_dir`: `model<suffix>`, printed with
+locations, plus the weights as `model.weights.safetensors` and the folded
+values as `model.folded.safetensors`), and a compile can start from any
+dumped file: `stageml.compile("out/model.split.mlir")` picks up there, so
+every dump is a reproducer.
 """
 
 import collections
+import dataclasses
 import hashlib
 import os
 import sys
 import time
 
 import numpy as np
-from torch_mlir import ir
 
 from stageml.binding_time import BindingTime
-from stageml.compiler import frontend, lowering, stage_spec
+from stageml.compiler import entry_points, facts, frontend, lowering, stage_spec
 from stageml.compiler.artifact import Artifact
 from stageml.compiler.ir import TIME, is_rematerializable, new_context, parse_time
+from stageml.compiler.options import EMITS, CompileOptions
 from stageml.compiler.partial_eval import evaluate_static
-from stageml.compiler.passes import PassOptions, main_func, run_passes
+from stageml.compiler.passes import programs, run_passes
+from stageml.compiler.passes.bt_annotate import BtAnnotateOptions
+from stageml.compiler.passes.bt_improve import BtImproveOptions
+from stageml.compiler.passes.lora_sites import LoraSitesOptions
 from stageml.compiler.report import Report
-from stageml.errors import CompileError
+from stageml.compiler.targets import get_target
+from stageml.errors import CompileError, ModelLoadError
 from stageml.runtime.module import as_numpy
 
-STAGES = {"torch": ".torch.mlir", "bt": ".bt.mlir", "split": ".split.mlir",
-          "linalg": ".linalg.mlir", "iree": ".iree.mlir", "vmfb": ".vmfb"}
+SUFFIXES = {"torch": ".torch.mlir", "bt": ".bt.mlir", "split": ".split.mlir",
+            "linalg": ".linalg.mlir", "iree": ".iree.mlir", "vmfb": ".vmfb"}
+WEIGHTS, FOLDED = ".weights.safetensors", ".folded.safetensors"
 
-BT_PIPELINE = ("bt-annotate", "bt-propagate", "bt-verify", "bt-improve", "bt-verify",
-               "bt-lift", "bt-verify")
-SITES_PIPELINE = ("bt-annotate", "bt-propagate", "bt-verify", "lora-sites", "bt-verify")
-MERGED_PIPELINE = ("bt-improve", "bt-verify", "bt-lift", "bt-verify")
-FACTORIZED_PIPELINE = ("bt-lift", "bt-verify", "bt-gather", "bt-verify")
-SPLIT_PIPELINE = ("bt-split", "flatten-matmul")
-FACTORIZED = "_factorized"  # the suffix of the factorized program's functions
 
-TARGETS = tuple(lowering.TARGETS)
+def bt_pipeline(options: CompileOptions, stages: dict) -> list:
+    """The binding-time passes, in order (multi-tenant compiles add three)."""
+    tenants = options.multi_tenant
+    return [("bt-annotate", BtAnnotateOptions(tuple(stages.items()))), ("bt-propagate", None), ("bt-verify", None),
+            *([("lora-sites", LoraSitesOptions(options.max_rank, options.max_adapters)), ("bt-verify", None),
+               ("factorized-program", None)] if tenants else []),
+            ("bt-improve", BtImproveOptions(options.merge_lora)), ("bt-verify", None),
+            ("bt-lift", None), ("bt-verify", None),
+            *([("bt-gather", None), ("bt-verify", None)] if tenants else [])]
+
+
+SPLIT_PIPELINE = [("bt-split", None), ("flatten-matmul", None)]
+# After partial evaluation: parameters first (they remove @static), then the
+# resident tables, then the products that read them.
+RESIDUAL_PIPELINE = [("use-parameters", None), ("resident-state", None), ("fuse-gathers", None)]
+
+
+@dataclasses.dataclass
+class Compilation:
+    """What flows from stage to stage."""
+
+    options: CompileOptions
+    module: object = None                      # the current stage's module (or the vmfb bytes)
+    weights: dict = dataclasses.field(default_factory=dict)   # the model's weights (name → tensor/array)
+    folded: dict = dataclasses.field(default_factory=dict)    # partial evaluation's results
+    stats: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    ops: dict = dataclasses.field(default_factory=dict)
+    mutated: set = dataclasses.field(default_factory=set)  # buffers the model mutates
+    stages: dict = dataclasses.field(default_factory=dict)  # argument name → BindingTime
+    context: object = None                     # torch-mlir context of the torch-side stages
+    vmfb: bytes | None = None
 
 
 def _count_ops(module) -> dict:
     counts = collections.Counter()
-    for op in main_func(module.operation).regions[0].blocks[0].operations:
-        op = op.operation
-        if op.name == "bt.lift" or TIME not in op.attributes or not len(op.results):
+    for func in programs(module.operation):
+        if facts.get(func, facts.PROGRAM) != facts.MAIN:
             continue
-        if not is_rematerializable(op.results[0]):
-            counts[parse_time(op.attributes[TIME]).label] += 1
+        for op in func.regions[0].blocks[0].operations:
+            op = op.operation
+            if op.name == "bt.lift" or TIME not in op.attributes or not len(op.results):
+                continue
+            if not is_rematerializable(op.results[0]):
+                counts[parse_time(op.attributes[TIME]).label] += 1
     return {t.label: counts.get(t.label, 0) for t in BindingTime}
 
 
-def _text(programs: dict) -> str:
-    if len(programs) == 1:
-        return str(next(iter(programs.values())))
-    return "\n".join(f"// program: {suffix.strip('_') or 'merged'}\n{m}" for suffix, m in programs.items())
+def _bt(c: Compilation) -> None:
+    names = [facts.facts(f, "arg", i).get("name") for f in programs(c.module.operation)
+             for i in range(len(f.regions[0].blocks[0].arguments))]
+    stages = c.stages or stage_spec.resolve(names, set(c.weights), c.options.stages, c.mutated)
+    with c.context:
+        run_passes(c.module, bt_pipeline(c.options, stages), c.stats)
+        c.ops = _count_ops(c.module)
 
 
-def _bt_programs(module, options) -> dict:
-    """{function suffix: module} after the binding-time passes."""
-    if options.max_rank is None:
-        run_passes(module, BT_PIPELINE, options)
-        return {"": module}
-    run_passes(module, SITES_PIPELINE, options)
-    if not options.sites:
-        raise CompileError("the model has no LoRA site (x@W + s*(x@A^T)@B^T with adapter-time PEFT lora_A/lora_B "
-                           "weights): compile a PEFT LoRA model, or compile without max_adapters")
-    factorized = ir.Module.create(loc=module.operation.location)
-    for op in module.body.operations:
-        op.operation.clone(ip=ir.InsertionPoint(factorized.body))
-    run_passes(module, MERGED_PIPELINE, options)
-    factorized_options = PassOptions(stages=options.stages, lift_prefix="factorized.")
-    run_passes(factorized, FACTORIZED_PIPELINE, factorized_options)
-    options.stats["gathered"] += factorized_options.stats["gathered"]
-    return {"": module, FACTORIZED: factorized}
+def _split(c: Compilation) -> None:
+    with c.context:
+        run_passes(c.module, SPLIT_PIPELINE, c.stats)
 
 
-def _split(programs: dict, options) -> dict:
-    """Splits each program, suffixing its functions' names; returns all signatures."""
-    sigs = {}
-    for suffix, module in programs.items():
-        run_passes(module, SPLIT_PIPELINE, options)
-        for func in module.body.operations:
-            name = ir.StringAttr(func.attributes["sym_name"]).value + suffix
-            func.attributes["sym_name"] = ir.StringAttr.get(name)
-        sigs.update(lowering.signatures(module))
-    return sigs
+def _linalg(c: Compilation) -> None:
+    c.module = lowering.to_linalg(c.module)
 
 
-def _share_folded(folded: dict, sigs: dict) -> dict:
-    """Stores each folded value once: a later program's value equal to an
-    earlier one is renamed to it in `sigs`. Returns the values kept."""
+def _share_folded(c: Compilation) -> None:
+    """Stores each folded value once: a parameter equal to an earlier one is renamed to it."""
     kept, by_content, renamed = {}, {}, {}
-    for name, value in folded.items():
+    for name, value in c.folded.items():
         key = (value.dtype.str, value.shape, hashlib.blake2b(np.ascontiguousarray(value).view(np.uint8).data).digest())
         if key in by_content:
             renamed[name] = by_content[key]
         else:
             by_content[key], kept[name] = name, value
-    for sig in sigs.values():
-        for arg in sig.args:
-            if arg.time == "static":
-                arg.name = renamed.get(arg.name, arg.name)
-    return kept
+    for func in facts.stage_functions(c.module.operation):
+        for i in range(len(func.regions[0].blocks[0].arguments)):
+            entry = facts.facts(func, "arg", i)
+            if entry.get("kind") == facts.PARAMETER and entry["name"] in renamed:
+                facts.set_facts(func, "arg", i, name=renamed[entry["name"]])
+    c.folded = kept
 
 
-def compile(model, args=None, *, stages=None, dynamic_shapes=None, target="cpu", emit="vmfb",
-            dump_dir=None, merge_lora=True, max_adapters=None, max_rank=16, custom_kernels=True,
-            verbose=False) -> Artifact:
-    """Compiles `model` into a staged artifact. See `stageml.compile`."""
-    if emit not in STAGES:
-        raise CompileError(f"unknown stage {emit!r} to emit: choose one of {', '.join(STAGES)}")
-    if target not in TARGETS:
-        raise CompileError(f"unknown target {target!r}: choose one of {', '.join(TARGETS)}")
-    if max_adapters is not None and (int(max_adapters) < 1 or int(max_rank) < 1):
-        raise CompileError(f"max_adapters ({max_adapters}) and max_rank ({max_rank}) must be at least 1")
-    if max_adapters is not None and not merge_lora:
-        raise CompileError("a multi-tenant residual holds both forms and chooses per adapter when serving: "
-                           "drop --no-lora-merge (merge_lora=False) and load with policy='factorized' instead")
-    art = Artifact()
+def _iree(c: Compilation) -> None:
+    c.folded = evaluate_static(c.module, c.weights)
+    _share_folded(c)
+    with c.module.context:
+        run_passes(c.module, RESIDUAL_PIPELINE + get_target(c.options).passes(), c.stats)
+
+
+def _vmfb(c: Compilation) -> None:
+    target = get_target(c.options)
+    source = lowering.text(c.module)
+    c.vmfb = lowering.compile_module(source, "the residual", target.backend, target.flags(source))
+
+
+STEPS = {"bt": _bt, "split": _split, "linalg": _linalg, "iree": _iree, "vmfb": _vmfb}
+
+
+def _dump(c: Compilation, stage: str) -> None:
+    directory = c.options.dump_dir
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "model" + SUFFIXES[stage])
+    if stage == "vmfb":
+        _write(path, c.vmfb)
+    else:
+        _write(path, lowering.text(c.module).encode())
+    if stage == "torch":
+        _save_tensors(os.path.join(directory, "model" + WEIGHTS), c.weights)
+    if stage == "iree":
+        _save_tensors(os.path.join(directory, "model" + FOLDED), c.folded)
+
+
+def _write(path: str, data: bytes) -> None:
+    partial = path + ".partial"
+    with open(partial, "wb") as f:
+        f.write(data)
+    os.replace(partial, path)
+
+
+def _save_tensors(path: str, tensors: dict) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    def as_torch(value):
+        if isinstance(value, torch.Tensor):
+            return value.detach().contiguous()
+        array = np.ascontiguousarray(value)
+        if array.dtype.name == "bfloat16":
+            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(array.copy())
+
+    partial = path + ".partial"
+    save_file({k: as_torch(v) for k, v in tensors.items()}, partial)
+    os.replace(partial, path)
+
+
+def _load_tensors(path: str) -> dict:
+    from safetensors.torch import load_file
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"{path!r} is missing: a compile from a dumped stage needs the tensors "
+                             "--dump-stages wrote beside it")
+    return load_file(path)
+
+
+def _resume(path: str, options: CompileOptions) -> tuple:
+    """(stage, Compilation) for a dumped stage file."""
+    stage = next((s for s, suffix in SUFFIXES.items() if path.endswith(suffix) and s != "vmfb"), None)
+    if stage is None:
+        raise ModelLoadError(f"{path!r} is neither an exported model (.pt2) nor a dumped stage "
+                             f"({', '.join(v for v in SUFFIXES.values() if v != '.vmfb')})")
+    stem = path[:-len(SUFFIXES[stage])]
+    c = Compilation(options, weights=_load_tensors(stem + WEIGHTS))
+    from torch_mlir import ir
+    try:
+        if stage in ("torch", "bt", "split"):
+            c.context = new_context()
+            with c.context:
+                c.module = ir.Module.parseFile(path)
+        else:
+            from iree.compiler import ir as iree_ir
+            c.module = iree_ir.Module.parse(open(path).read(), lowering.iree_context())
+    except Exception as e:
+        raise ModelLoadError(f"{path!r} is not valid {stage} IR ({str(e).splitlines()[0]}): "
+                             "pass a file that --dump-stages wrote") from None
+    if stage == "iree":
+        c.folded = {k: as_numpy(v) for k, v in _load_tensors(stem + FOLDED).items()}
+    return stage, c
+
+
+def _is_dumped_stage(model) -> bool:
+    return isinstance(model, (str, os.PathLike)) and os.fspath(model).endswith(
+        tuple(v for v in SUFFIXES.values() if v != ".vmfb"))
+
+
+def compile(model, args=None, *, dynamic_shapes=None, options: CompileOptions) -> Artifact:
+    """Compiles `model` (or a dumped stage file) with `options`. See `stageml.compile`."""
+    get_target(options)  # an unknown target or CPU fails before any work
     started = time.perf_counter()
-
-    def done(stage, text):
-        art.mlir[stage] = text
-        if dump_dir:
-            os.makedirs(dump_dir, exist_ok=True)
-            mode = "wb" if isinstance(text, bytes) else "w"
-            with open(os.path.join(dump_dir, "model" + STAGES[stage]), mode) as f:
-                f.write(text)
-        if verbose:
+    if _is_dumped_stage(model):
+        first, c = _resume(os.fspath(model), options)
+    else:
+        first, c = "torch", Compilation(options)
+        program = frontend.export(model, args, dynamic_shapes)
+        c.context = new_context()
+        imported = frontend.import_program(program, c.context)
+        c.module, c.weights, c.mutated = imported.module, imported.weights, imported.mutated
+        # (resolved now, so that a bad glob fails before any stage runs)
+        c.stages = stage_spec.resolve(imported.arg_names, set(c.weights), options.stages, c.mutated)
+    art = Artifact()
+    stages = list(SUFFIXES)
+    for stage in stages[stages.index(first):stages.index(options.emit) + 1]:
+        if stage != first:
+            STEPS[stage](c)
+        if stage != "vmfb":
+            art.mlir[stage] = lowering.text(c.module)
+        if options.dump_dir:
+            _dump(c, stage)
+        if options.verbose:
             print(f"[stageml] {stage:<6} {time.perf_counter() - started:6.1f}s", file=sys.stderr, flush=True)
-        return stage == emit
-
-    program = frontend.export(model, args, dynamic_shapes)
-    context = new_context()
-    imported = frontend.import_program(program, context)
-    options = PassOptions(stages=stage_spec.resolve(imported.arg_names, set(imported.weights), stages),
-                          merge_lora=merge_lora, max_rank=None if max_adapters is None else int(max_rank))
-    module = imported.module
-    with context:
-        if done("torch", str(module)):
-            return art
-        programs = _bt_programs(module, options)
-        ops = _count_ops(module)
-        art.report = Report.from_stats(ops, options.stats)
-        if done("bt", _text(programs)):
-            return art
-        sigs = _split(programs, options)
-        art.report = Report.from_stats(ops, options.stats)
-        if done("split", _text(programs)):
-            return art
-    linalg = lowering.to_linalg(*programs.values())
-    if done("linalg", linalg):
+    art.report = Report.from_stats(c.ops, c.stats, kernels=get_target(options).counts_kernels)
+    art.report.folded_values = len(c.folded)
+    art.report.folded_bytes = sum(v.nbytes for v in c.folded.values())
+    if options.emit != "vmfb":
         return art
-
-    folded = {}
-    for suffix in programs:
-        if "static" + suffix in sigs:
-            folded.update(evaluate_static(linalg, sigs["static" + suffix], imported.weights))
-    folded = _share_folded(folded, sigs)
-    art.report.folded_values = len(folded)
-    art.report.folded_bytes = sum(v.nbytes for v in folded.values())
-    residual = lowering.residual_module(linalg, sigs, slots=max_adapters or 0,
-                                        packs_weights=lowering.TARGETS[target].packs_weights)
-    if lowering.TARGETS[target].hopper:
-        from stageml.compiler import sm90
-        residual, art.report.custom_kernels = sm90.run_pipeline(residual, custom_kernels)
-    if done("iree", residual):
-        return art
-    art.vmfb = lowering.compile_module(residual, "residual", target)
-    used = [a for sig in sigs.values() if lowering.stage_time(sig.stage) != BindingTime.STATIC
-            for a in sig.args if a.time == "static"]
-    art.parameters = {**{a.name: as_numpy(imported.weights[a.name]) for a in used if a.name not in folded}, **folded}
-    if max_adapters is None and "adapter" in sigs:
-        art.default_adapter = {a.name: as_numpy(imported.weights[a.name])
-                               for a in sigs["adapter"].args if a.time == "adapter"}
-    if max_adapters is not None:
-        art.tenants = {"max_adapters": int(max_adapters), "max_rank": int(max_rank), "sites": options.sites}
-    art.signatures = sigs
-    art.target = target
-    done("vmfb", art.vmfb)
+    _finish(art, c)
     return art
+
+
+def _finish(art: Artifact, c: Compilation) -> None:
+    """The artifact's contents, all read from the final IR."""
+    module = c.module.operation
+    art.vmfb = c.vmfb
+    art.entry_points = entry_points.entry_points(module)
+    values = {**{k: v for k, v in c.weights.items()}, **c.folded}
+    art.parameters = {name: as_numpy(values[name]) for name in entry_points.parameters(module)}
+    tenants = facts.get(module, facts.TENANTS)
+    if tenants is not None:
+        art.tenants = {**tenants, "sites": facts.get(module, facts.SITES, [])}
+    else:
+        adapter = next((e for e in art.entry_points if e["stage"] == "adapter" and e["program"] == facts.MAIN), None)
+        if adapter is not None:
+            art.default_adapter = {a["name"]: as_numpy(c.weights[a["name"]])
+                                   for a in adapter["arguments"] if a["kind"] == facts.INPUT}
+    art.target = get_target(c.options).describe()
+
+
+__all__ = ["compile", "EMITS", "SUFFIXES"]

@@ -1,4 +1,4 @@
-"""Partial evaluation: run @static now, on the CPU, through IREE.
+"""Partial evaluation: run each @static now, on the CPU, through IREE.
 
 Its results (transposed, merged, cast weights) become the residual's
 parameters; nothing folded is ever embedded in IR as text.
@@ -6,19 +6,29 @@ parameters; nothing folded is ever embedded in IR as text.
 
 import numpy as np
 from iree import runtime as iree_rt
+from iree.compiler import ir
 
-from stageml.compiler.lowering import compile_module, static_module
+from stageml.compiler import facts
+from stageml.compiler.lowering import compile_module, text
 from stageml.runtime.module import as_numpy, numpy_dtype
+from stageml.compiler.entry_points import describe
+
+HOST = ["--iree-llvmcpu-target-cpu=host"]
 
 
-def evaluate_static(linalg: str, signature, weights: dict) -> dict:
-    """{result name: ndarray} of a @static function, called with the model's weights."""
-    vmfb = compile_module(static_module(linalg, signature.stage), signature.stage,
-                          flags=["--iree-llvmcpu-target-cpu=host"])
-    module = iree_rt.load_vm_flatbuffer(vmfb, driver="local-task")
-    args = [np.ascontiguousarray(as_numpy(weights[a.name]).astype(numpy_dtype(a.dtype), copy=False))
-            for a in signature.args]
-    results = getattr(module, signature.stage)(*args)
-    if not isinstance(results, (tuple, list)):
-        results = [results]
-    return {r.name: np.asarray(v.to_host()) for r, v in zip(signature.results, results)}
+def evaluate_static(module: ir.Module, weights: dict) -> dict:
+    """{result name: ndarray} of every static stage function of `module`
+    (linalg, IREE's context), called with the model's weights."""
+    folded = {}
+    for func in facts.stage_functions(module.operation, "static"):
+        single = ir.Module.create(loc=func.location)
+        func.clone(ip=ir.InsertionPoint(single.body))
+        entry = describe(func)
+        vmfb = compile_module(text(single), f"@{entry['symbol']}", "llvm-cpu", HOST)
+        compiled = iree_rt.load_vm_flatbuffer(vmfb, driver="local-task")
+        args = [np.ascontiguousarray(as_numpy(weights[a["name"]]).astype(numpy_dtype(a["dtype"]), copy=False))
+                for a in entry["arguments"]]
+        results = getattr(compiled, entry["symbol"])(*args)
+        results = results if isinstance(results, (tuple, list)) else [results]
+        folded.update({r["name"]: np.asarray(v.to_host()) for r, v in zip(entry["results"], results)})
+    return folded

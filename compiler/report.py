@@ -14,10 +14,13 @@ class Report:
     custom_kernels: dict | None = None  # sm90: kernel -> dispatches using it
 
     @classmethod
-    def from_stats(cls, ops: dict, stats: collections.Counter) -> "Report":
+    def from_stats(cls, ops: dict, stats: collections.Counter, kernels: bool = False) -> "Report":
+        """`kernels`: the target has custom kernels, so the report counts their uses (maybe none)."""
         lifted = {k.split(" ", 1)[1]: v for k, v in stats.items() if k.startswith("lifted ")}
-        rewrites = {k: v for k, v in stats.items() if not k.startswith("lifted ")}
-        return cls(ops=ops, rewrites=rewrites, lifted=lifted)
+        stats = {k: v for k, v in stats.items() if v}
+        used = {k: v for k, v in stats.items() if k.startswith("stageml_")}
+        rewrites = {k: v for k, v in stats.items() if not k.startswith(("lifted ", "stageml_"))}
+        return cls(ops=ops, rewrites=rewrites, lifted=lifted, custom_kernels=used if kernels else None)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

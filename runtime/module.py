@@ -8,7 +8,7 @@ from iree import runtime as iree_rt
 
 from stageml.errors import ArtifactError, InputError
 
-FORMAT = "stageml-residual/2"
+FORMAT = "stageml-residual/3"
 
 
 def _read_manifest(vmfb_path: str) -> dict:
@@ -73,6 +73,19 @@ def _runtime_config(device: str) -> iree_rt.Config:
     return iree_rt.Config(device)
 
 
+def _check_cpu(manifest: dict, path: str) -> None:
+    """A CPU residual runs only where the CPU has the vector features it was compiled for."""
+    target = manifest.get("target", {})
+    if target.get("name") != "cpu":
+        return
+    from stageml.compiler.targets.cpu import host_features
+    missing = sorted(set(target.get("features", ())) - host_features())
+    if missing:
+        raise ArtifactError(f"{path!r} was compiled for CPU {target.get('cpu')!r}, whose features "
+                            f"{', '.join(missing)} this CPU lacks: recompile it here (--cpu host) or name a "
+                            "CPU both machines share (e.g. --cpu x86-64-v3)")
+
+
 class ResidualModule:
     """A loaded residual: call it like the model (`mod(x)`).
 
@@ -84,6 +97,7 @@ class ResidualModule:
         path = os.fspath(path)
         self.manifest = _read_manifest(path)
         device = device or self.manifest["device"]
+        _check_cpu(self.manifest, path)
         directory = os.path.dirname(os.path.abspath(path))
         vmfb_path = os.path.join(directory, self.manifest["vmfb"])
         irpa_path = os.path.join(directory, self.manifest["parameters"])
@@ -93,7 +107,7 @@ class ResidualModule:
         try:
             self._config = _runtime_config(device)
         except Exception:
-            raise ArtifactError(f"IREE device {device!r} is not available here: run this {self.manifest['target']} "
+            raise ArtifactError(f"IREE device {device!r} is not available here: run this {self.manifest['target']['name']} "
                                 "residual where that device exists, or compile for --target cpu") from None
         self._index = iree_rt.ParameterIndex()
         try:
@@ -112,31 +126,43 @@ class ResidualModule:
         self._module = iree_rt.load_vm_modules(params, main, config=self._config)[-1]
         self._entries = entries
         self._state = []
-        if "adapter" in self.manifest["entry_points"] and "tenants" not in self.manifest:
-            self._state = self._run_adapter(self._default_adapter())
+        adapter = self.entry("adapter")
+        if adapter is not None and "tenants" not in self.manifest:
+            self._state = self._run_adapter(self._default_adapter(adapter))
 
-    def _default_adapter(self) -> list:
+    def entry(self, stage: str, program: str = "main") -> dict | None:
+        """The manifest's entry point of `stage` ("adapter" or "dynamic") in `program`, or None."""
+        return next((e for e in self.manifest["entry_points"]
+                     if e["stage"] == stage and e["program"] == program), None)
+
+    def _default_adapter(self, adapter: dict) -> dict:
         prefix = self.manifest["default_adapter_prefix"]
-        specs = self.manifest["entry_points"]["adapter"]["inputs"]
         try:
-            return [iree_rt.parameter_index_entry_as_numpy_ndarray(self._entries[prefix + s["name"]])
-                    .view(numpy_dtype(s["dtype"])) for s in specs]
+            return {s["name"]: iree_rt.parameter_index_entry_as_numpy_ndarray(self._entries[prefix + s["name"]])
+                    .view(numpy_dtype(s["dtype"])) for s in adapter["arguments"] if s["kind"] == "input"}
         except Exception:
             raise ArtifactError("the parameter archive lacks the default adapter weights: recompile the model") from None
 
-    def _run_adapter(self, arrays: list) -> list:
-        """Runs @adapter; returns the adapter state (device arrays)."""
-        state = self._module.adapter(*[np.ascontiguousarray(a) for a in arrays])
+    def _call(self, entry: dict, named: dict, state=()):
+        """Calls `entry` with its arguments in the IR's order: adapter state by the
+        @adapter result each one is, everything else by name from `named`."""
+        args = [state[a["result"]] if a["kind"] == "state" else named[a["name"]] for a in entry["arguments"]]
+        return getattr(self._module, entry["symbol"])(*args)
+
+    def _run_adapter(self, named: dict, program: str = "main") -> list:
+        """Runs the adapter stage of `program` on {input name: array}; returns its results (device arrays)."""
+        state = self._call(self.entry("adapter", program), {k: np.ascontiguousarray(v) for k, v in named.items()})
         return list(state) if isinstance(state, (tuple, list)) else [state]
 
     @property
     def state(self) -> list:
-        """The adapter state @forward takes before the inputs (device arrays)."""
+        """The adapter state (device arrays, in @adapter's result order) @forward takes."""
         return list(self._state)
 
     @property
     def inputs(self) -> list:
-        return self.manifest["entry_points"]["forward"]["inputs"]
+        """The request inputs, in call order: [{"name", "shape", "dtype", ...}]."""
+        return [a for a in self.entry("dynamic")["arguments"] if a["kind"] == "input"]
 
     def _check_inputs(self, inputs) -> list:
         specs = self.inputs
@@ -145,8 +171,11 @@ class ResidualModule:
             raise InputError(f"the residual takes {len(specs)} input(s) ({names}), got {len(inputs)}: pass exactly those")
         return [_check_input(s, v) for s, v in zip(specs, inputs)]
 
+    def _named_inputs(self, inputs) -> dict:
+        return {s["name"]: v for s, v in zip(self.inputs, self._check_inputs(inputs))}
+
     def __call__(self, *inputs):
-        return as_outputs(self._module.forward(*self._state, *self._check_inputs(inputs)))
+        return as_outputs(self._call(self.entry("dynamic"), self._named_inputs(inputs), self._state))
 
 
 def load(path: str, device: str | None = None, **serving) -> ResidualModule:

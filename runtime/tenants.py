@@ -29,12 +29,14 @@ import threading
 
 import numpy as np
 
+from stageml.compiler.facts import FACTORIZED, IDS, MAIN
 from stageml.errors import AdapterError, InputError
 from stageml.policy import AdapterProfile, LoraSite, plan
 from stageml.runtime import peft_adapter
 from stageml.runtime.module import ResidualModule, as_outputs, numpy_dtype
 
 POLICIES = ("auto", "merged", "factorized")
+
 
 
 @dataclasses.dataclass
@@ -67,7 +69,8 @@ class TenantModule(ResidualModule):
         self._lock = threading.RLock()
         self._clock = itertools.count(1)
         self._calls = 0
-        sites = tuple(LoraSite(s["in_features"], s["out_features"]) for s in self._sites)
+        sites = tuple(LoraSite(s["in_features"], s["out_features"], numpy_dtype(s["dtype"]).itemsize)
+                      for s in self._sites)
         self._profile = AdapterProfile("", self._max_rank, sites)
 
     # -- adapters -------------------------------------------------------------
@@ -140,16 +143,17 @@ class TenantModule(ResidualModule):
             self._evict(self._adapters[min(resident)[1]])
         slot = self._free.pop()
         try:
-            self._module.adapter_factorized(*self._arguments("adapter_factorized", adapter), slot)
+            self._call(self.entry("adapter", FACTORIZED), {**self._arguments("adapter", adapter, FACTORIZED),
+                                                          "slot": slot})
         except Exception as e:
             self._free.append(slot)
             raise AdapterError(f"writing the adapter into slot {slot} failed ({e}): check its tensors") from None
         adapter.slot = slot
 
-    def _arguments(self, entry_point: str, adapter: _Adapter) -> list:
-        """`adapter`'s prepared inputs in the order and element types `entry_point` takes them."""
-        return [adapter.inputs[s["name"]].astype(numpy_dtype(s["dtype"]), copy=False)
-                for s in self.manifest["entry_points"][entry_point]["inputs"]]
+    def _arguments(self, stage: str, adapter: _Adapter, program: str = MAIN) -> dict:
+        """`adapter`'s prepared inputs in the element types the entry point takes them."""
+        return {s["name"]: adapter.inputs[s["name"]].astype(numpy_dtype(s["dtype"]), copy=False)
+                for s in self.entry(stage, program)["arguments"] if s["kind"] == "input"}
 
     def _evict(self, adapter: _Adapter) -> None:
         if adapter.slot is not None:
@@ -230,11 +234,12 @@ class TenantModule(ResidualModule):
                     self._adapters[name].requests += 1
                     self._adapters[name].total += 1
                     self._adapters[name].last_used = now
+            values = {s["name"]: a for s, a in zip(self.inputs, arrays)}
             if len(named) == 1 and None not in adapters and named[0].merged is not None:
-                results = self._module.forward(*named[0].merged, *arrays)
+                results = self._call(self.entry("dynamic"), values, named[0].merged)
             else:
-                ids = np.array([0 if n is None else self._adapters[n].slot for n in adapters], np.int64)
-                results = self._module.forward_factorized(*arrays, ids)
+                values[IDS] = np.array([0 if n is None else self._adapters[n].slot for n in adapters], np.int64)
+                results = self._call(self.entry("dynamic", FACTORIZED), values)
             self._calls += 1
             if self._calls % self._replan_every == 0:
                 self._replan(decay=True)

@@ -1,4 +1,4 @@
-"""fuse-gathers: a per-row product reads each row's matrix straight from its
+"""fuse-gathers (a pattern on linalg.batch_matmul): in request-time functions, a per-row product reads each row's matrix straight from its
 slot table (BGMV-style), instead of first copying every row's matrix out.
 
 torch-mlir lowers @forward_factorized's `index_select(table, ids)` to a
@@ -25,7 +25,9 @@ f16 / bf16 products do.
 from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, tensor
 
-from stageml.compiler.pack_weights import is_zero_fill
+from stageml.compiler import facts
+from stageml.compiler.passes import register
+from stageml.compiler.residual_ir import is_zero_fill
 
 _GATHER_BODY = ["arith.index_cast", "linalg.index", "linalg.index", "tensor.extract", "linalg.yield"]
 
@@ -96,24 +98,34 @@ def fused_product(op):
     return generic.inputs[0], generic.inputs[1], extracts[0].operands[0]
 
 
-def fuse_gathers(func) -> int:
-    """Rewrites `func`'s batch_matmuls against gathered tables; returns how many."""
-    fused, gathers = 0, set()
-    for op in list(func.regions[0].blocks[0].operations):
-        op = op.operation
-        if op.name != "linalg.batch_matmul":
-            continue
-        found = _gather(op.operands[1])
-        result = ir.RankedTensorType(op.results[0].type)
-        if (found is None or not is_zero_fill(op.operands[2]) or str(result.element_type) != "f32"
-                or result.is_dynamic_dim(1) or result.shape[1] != 1):
-            continue  # f32 accumulation of any float operands, one token per row
-        with ir.InsertionPoint(op), op.location:
-            op.results[0].replace_all_uses_with(_fused(op, *found))
-        gathers.add(op.operands[1].owner)
-        op.erase()
-        fused += 1
-    for gather in gathers:
-        if all(len(list(r.uses)) == 0 for r in gather.results):
-            gather.erase()
-    return fused
+def fuse_gather(op, rewriter) -> bool:
+    """The pattern on linalg.batch_matmul: True when it does not apply."""
+    found = _gather(op.operands[1])
+    result = ir.RankedTensorType(op.results[0].type)
+    if (found is None or not is_zero_fill(op.operands[2]) or not isinstance(result.element_type, ir.F32Type)
+            or result.is_dynamic_dim(1) or result.shape[1] != 1):
+        return True  # f32 accumulation of any float operands, one token per row
+    gather = op.operands[1].owner
+    with rewriter.ip, op.location:
+        fused = _fused(op, *found)
+    rewriter.replace_op(op, [fused])
+    if all(len(list(r.uses)) == 0 for r in gather.results):
+        rewriter.erase_op(gather)
+    return False
+
+
+@register("fuse-gathers", "request-time per-row products read their rows' factors from the slot table",
+          context="iree")
+def run(module_op, options, stats) -> None:
+    from iree.compiler import rewrite
+
+    def pattern(op, rewriter):
+        unmatched = fuse_gather(op, rewriter)
+        stats["fuse-gathers"] += not unmatched
+        return unmatched
+
+    with module_op.context:
+        for func in facts.stage_functions(module_op, "dynamic"):
+            patterns = rewrite.RewritePatternSet()
+            patterns.add("linalg.batch_matmul", pattern)
+            rewrite.walk_and_apply_patterns(func, patterns.freeze())

@@ -1,0 +1,46 @@
+"""Entry points as the final IR describes them: what the manifest records and
+the runtime calls, read from the stage functions' facts and types."""
+
+from stageml.compiler import facts
+
+
+def _dtype(ir, element) -> str:
+    for cls, name in ((ir.F32Type, "float32"), (ir.F16Type, "float16"), (ir.BF16Type, "bfloat16"),
+                      (ir.F64Type, "float64")):
+        if isinstance(element, cls):
+            return name
+    if isinstance(element, ir.IntegerType):
+        width = ir.IntegerType(element).width
+        return "bool" if width == 1 else f"{'uint' if ir.IntegerType(element).is_unsigned else 'int'}{width}"
+    raise ValueError(f"element type {element} has no numpy dtype")
+
+
+def tensor_spec(type_) -> dict:
+    """{"shape": [..., None for dynamic], "dtype": numpy name} of a tensor (or scalar) type."""
+    ir = facts._ir(type_)
+    if not isinstance(type_, ir.RankedTensorType):
+        return {"shape": [], "dtype": _dtype(ir, type_)}
+    t = ir.RankedTensorType(type_)
+    return {"shape": [None if t.is_dynamic_dim(i) else t.shape[i] for i in range(t.rank)],
+            "dtype": _dtype(ir, t.element_type)}
+
+
+def describe(func) -> dict:
+    """One stage function: symbol, stage, program, arguments and results in call order."""
+    ir = facts._ir(func)
+    fn_type = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+    return {"symbol": facts.symbol(func), "stage": facts.get(func, facts.STAGE),
+            "program": facts.get(func, facts.PROGRAM),
+            "arguments": [{**facts.facts(func, "arg", i), **tensor_spec(t)} for i, t in enumerate(fn_type.inputs)],
+            "results": [{**facts.facts(func, "res", i), **tensor_spec(t)} for i, t in enumerate(fn_type.results)]}
+
+
+def entry_points(module_op) -> list:
+    """Every entry point of the residual (its adapter and request-time functions)."""
+    return [describe(f) for f in facts.stage_functions(module_op) if facts.get(f, facts.STAGE) != "static"]
+
+
+def parameters(module_op) -> list:
+    """The names of the parameters the residual reads (its parameter globals)."""
+    return [facts.get(op.operation, facts.NAME) for op in module_op.regions[0].blocks[0].operations
+            if facts.get(op.operation, facts.KIND) == facts.PARAMETER]

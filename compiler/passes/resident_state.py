@@ -1,0 +1,140 @@
+"""resident-state: the module's declared resident state becomes device globals.
+
+Each entry of the module's `bt.resident` (written by bt-split: name, owning
+stage, program, shape with its slot dimension leading, dtype) owns a
+contiguous range of one flat mutable table per element type. The owning
+function (the program's @adapter) gets a `slot` argument and writes its
+resident results into entry `slot`; the program's request-time function
+reads its resident arguments as views of the table:
+
+    func @adapter_factorized(%a, ...) -> (%m : KxN {bt.kind = "resident", bt.name = "s"})
+    func @forward_factorized(%s : ?xKxN {bt.kind = "resident", bt.name = "s"}, %x, %ids)
+  → util.global private mutable @resident.f32 = dense<0.0> : tensor<TOTAL x f32>
+    func @adapter_factorized(%a, ..., %slot : i64 {bt.kind = "slot"}) {
+      %t = util.global.load @resident.f32
+      %u = tensor.insert_slice (collapse %m) into %t[OFFSET + %slot * K*N] [K*N]
+      util.global.store %u, @resident.f32 }
+    func @forward_factorized(%x, %ids) {
+      %s = expand_shape (extract_slice (util.global.load @resident.f32)[OFFSET] [SLOTS*K*N]) ... }
+
+(One global per element type, not one per value: IREE 3.13 lets mutable
+globals with equal splat initial values share storage, so equal-shaped
+tables of separate globals would overwrite each other. Contiguous ranges,
+so that reading a table is a view, not a copy.)
+"""
+
+import math
+
+from iree.compiler import ir
+from iree.compiler.dialects import arith, func as func_d, tensor, util
+
+from stageml.compiler import facts
+from stageml.compiler.passes import register
+from stageml.compiler.residual_ir import retype
+from stageml.errors import CompileError
+
+_ELEMENTS = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+def _reassociation(groups) -> ir.ArrayAttr:
+    i64 = ir.IntegerType.get_signless(64)
+    return ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, d) for d in g]) for g in groups])
+
+
+def _layout(declared: list) -> tuple[dict, dict]:
+    """({name: (table symbol, offset, per-slot type [slots, ...])}, {symbol: flat type})."""
+    ranges, totals = {}, {}
+    for entry in declared:
+        if entry["slot_dim"] != 0 or entry["dtype"] not in _ELEMENTS:
+            raise CompileError(f"resident state {entry['name']!r} ({entry['dtype']}, slot dimension "
+                               f"{entry['slot_dim']}) has no lowering: StageML keeps float tables with slots leading")
+        element = ir.Type.parse(_ELEMENTS[entry["dtype"]])
+        type_ = ir.RankedTensorType.get(entry["shape"], element)
+        symbol = f"resident.{_ELEMENTS[entry['dtype']]}"
+        ranges[entry["name"]] = (symbol, totals.get(symbol, 0), type_)
+        totals[symbol] = totals.get(symbol, 0) + math.prod(entry["shape"])
+    flat = {s: ir.RankedTensorType.get([n], next(t.element_type for sym, _, t in ranges.values() if sym == s))
+            for s, n in totals.items()}
+    return ranges, flat
+
+
+def _read(func, ranges, flat) -> None:
+    block = func.regions[0].blocks[0]
+    with ir.InsertionPoint.at_block_begin(block), func.location:
+        loaded = {}
+        for index in reversed(range(len(block.arguments))):
+            entry = facts.facts(func, "arg", index)
+            if entry.get("kind") != facts.RESIDENT_KIND:
+                continue
+            symbol, offset, type_ = ranges[entry["name"]]
+            if symbol not in loaded:
+                loaded[symbol] = util.GlobalLoadOp(flat[symbol], symbol).result
+            size = math.prod(type_.shape)
+            view = tensor.ExtractSliceOp(ir.RankedTensorType.get([size], type_.element_type), loaded[symbol],
+                                         [], [], [], [offset], [size], [1]).result
+            table = tensor.ExpandShapeOp(type_, view, _reassociation([list(range(len(type_.shape)))]), [],
+                                         type_.shape).result
+            arg = block.arguments[index]
+            arg.replace_all_uses_with(tensor.CastOp(arg.type, table).result)
+            facts.erase_argument(func, index)
+
+
+def _write(func, ranges, flat) -> None:
+    block = func.regions[0].blocks[0]
+    slot = facts.add_argument(func, ir.IntegerType.get_signless(64), name="slot", kind=facts.SLOT)
+    ret = list(block.operations)[-1]
+    kept, kept_facts = [], []
+    with ir.InsertionPoint(ret), ret.location:
+        index_type = ir.IndexType.get()
+        row = arith.IndexCastOp(index_type, slot).result
+        updated = {}
+        for i, value in enumerate(ret.operands):
+            entry = facts.facts(func, "res", i)
+            if entry.get("kind") != facts.RESIDENT_KIND:
+                kept.append(value)
+                kept_facts.append(facts.attrs(func, "res", i))
+                continue
+            symbol, offset, type_ = ranges[entry["name"]]
+            if symbol not in updated:
+                updated[symbol] = util.GlobalLoadOp(flat[symbol], symbol).result
+            size = math.prod(type_.shape[1:])
+            value_type = ir.RankedTensorType(value.type)
+            collapsed = tensor.CollapseShapeOp(ir.RankedTensorType.get([size], value_type.element_type), value,
+                                               _reassociation([list(range(value_type.rank))])).result
+            start = arith.AddIOp(arith.MulIOp(row, arith.ConstantOp(index_type, size).result).result,
+                                 arith.ConstantOp(index_type, offset).result).result
+            updated[symbol] = tensor.InsertSliceOp(collapsed, updated[symbol], [start], [], [],
+                                                   [ir.ShapedType.get_dynamic_size()], [size], [1]).result
+        for symbol, value in updated.items():
+            util.GlobalStoreOp(value, symbol)
+        func_d.ReturnOp(kept)
+    ret.erase()
+    retype(func)
+    facts.set_all(func, "res", kept_facts)
+
+
+def lower_resident_state(module_op) -> int:
+    """Lowers every declared piece of resident state; returns how many."""
+    declared = facts.get(module_op, facts.RESIDENT, [])
+    if not declared:
+        return 0
+    ranges, flat = _layout(declared)
+    with ir.InsertionPoint.at_block_begin(module_op.regions[0].blocks[0]):
+        for symbol, type_ in flat.items():
+            zero = ir.DenseElementsAttr.get_splat(type_, ir.FloatAttr.get(type_.element_type, 0.0))
+            util.GlobalOp(symbol, type_, sym_visibility="private", is_mutable=True, initial_value=zero)
+    for program, owner in sorted({(e["program"], e["owner"]) for e in declared}):
+        writer = facts.stage_function(module_op, owner, program)
+        if writer is None:
+            raise CompileError(f"resident state of program {program!r} has no @{owner} function to write it")
+        _write(writer, ranges, flat)
+        for reader in facts.stage_functions(module_op, "dynamic", program):
+            _read(reader, ranges, flat)
+    return len(declared)
+
+
+@register("resident-state", "declared resident state (slot tables) becomes device globals, written "
+          "by its owning stage at a slot and read by the request path", context="iree")
+def run(module_op, options, stats) -> None:
+    with module_op.context, module_op.location:
+        stats["resident"] += lower_resident_state(module_op)
