@@ -119,8 +119,10 @@ def test_unsupported_op_names_stage_and_op():
         def forward(self, x):
             return torch.linalg.qr(x)[0]
 
-    with pytest.raises(stageml.StageMLError, match=r"stage @forward failed to lower to linalg: "
-                                                   r"failed to legalize operation 'torch.aten.linalg_qr'"):
+    # ... and the model's source line, which the locations carry to the lowering.
+    with pytest.raises(stageml.StageMLError, match=r"the model failed to lower to linalg: "
+                                                   r"failed to legalize operation 'torch.aten.linalg_qr' at "
+                                                   r"loc\(\".*test_errors.py\":\d+"):
         stageml.compile(QR(), (torch.randn(4, 4),))
 
 
@@ -138,3 +140,16 @@ def test_serving_options_need_a_multi_tenant_residual(mlp_artifact):
     _, path = mlp_artifact
     with pytest.raises(stageml.StageMLError, match="policy apply to multi-tenant residuals only: compile with max_adapters"):
         stageml.load(path, policy="merged")
+
+
+def test_residual_for_a_cpu_with_more_features_is_refused(tmp_path):
+    # Compiled for a CPU with a feature this one lacks: a clear error at load, not SIGILL.
+    path = stageml.compile(MLP().eval(), (torch.randn(2, 32),)).save(str(tmp_path / "other.vmfb"))
+    with open(path[:-5] + ".json") as f:
+        manifest = json.load(f)
+    assert manifest["target"]["name"] == "cpu" and manifest["target"]["cpu"] == "host"
+    manifest["target"].update(cpu="future-cpu", features=manifest["target"]["features"] + ["avx10.9"])
+    with open(path[:-5] + ".json", "w") as f:
+        json.dump(manifest, f)
+    with pytest.raises(stageml.StageMLError, match="compiled for CPU 'future-cpu', whose features avx10.9 this CPU lacks"):
+        stageml.load(path)

@@ -35,7 +35,7 @@ def test_cuda_residual_holds_ptx_and_names_its_device(cuda_artifact):
     assert b"sm_80" in art.vmfb
     assert "linalg.mmt4d" not in art.mlir["iree"]  # the CPU's packed layout is not used
     manifest = json.loads(open(path[:-5] + ".json").read())
-    assert (manifest["target"], manifest["device"]) == ("cuda", "cuda")
+    assert (manifest["target"]["name"], manifest["device"]) == ("cuda", "cuda")
 
 
 @pytest.mark.skipif(_has_cuda(), reason="this machine has a CUDA device")

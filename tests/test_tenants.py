@@ -355,7 +355,8 @@ def test_inactive_adapters_are_not_compiled_in(tmp_path):
     model = get_peft_model(Linear(), config, adapter_name="t0").eval()
     model.add_adapter("t1", config)  # inactive: its weights are unused by the exported graph
     art = stageml.compile(model, (torch.randn(2, 64),), dynamic_shapes=({0: Dim("rows")},), max_adapters=2, max_rank=2)
-    inputs = [a["name"] for a in art.manifest("m")["entry_points"]["adapter_factorized"]["inputs"]]
+    adapter = next(e for e in art.entry_points if (e["stage"], e["program"]) == ("adapter", "factorized"))
+    inputs = [a["name"] for a in adapter["arguments"] if a["kind"] == "input"]
     assert inputs == ["base_model.model.fc.lora_A.t0.weight", "base_model.model.fc.lora_B.t0.weight"]
     model.save_pretrained(str(tmp_path))  # t0/ and t1/
     mod = art.load(str(tmp_path / "out" / "m.vmfb"))
@@ -387,3 +388,13 @@ def test_half_precision_tenants(tmp_path, dtype, bound):
         mod.load_adapter("a", factors, config=model.peft_config["default"])
         assert rel_err(mod.run_batch(x, ["a", "a", None, "a"]), expected) <= bound, policy
         assert rel_err(mod(x[:2], adapter="a"), expected[:2]) <= bound, policy
+    # The budget counts the model's element size: r·(in+out) and in·out
+    # elements of 2 bytes per site, not 4 (sites carry their dtype).
+    factorized, merged = 8 * (64 + 48) * 2, 64 * 48 * 2
+    mod = art.load(str(tmp_path / "budget.vmfb"), adapter_memory_budget=factorized + merged, policy="merged")
+    mod.load_adapter("a", factors, config=model.peft_config["default"])
+    assert mod.stats()["bytes_held"] == factorized + merged
+    assert art.tenants["sites"][0]["dtype"] == str(dtype).split(".")[1]
+    with pytest.raises(AdapterError, match="does not fit the adapter memory budget"):
+        art.load(str(tmp_path / "tight.vmfb"), adapter_memory_budget=factorized + merged - 1,
+                 policy="merged").load_adapter("a", factors, config=model.peft_config["default"])
