@@ -75,14 +75,19 @@ def print_machine(title: str, args, cores: int, extra=()) -> None:
 
 
 def cpu_model() -> str:
+    """The CPU's model name with its family and model numbers (a virtual CPU's name may be bare)."""
+    fields = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    name = fields.get("model name") or platform.processor() or "unknown"
+    if "cpu family" in fields:
+        name += f" (family {fields['cpu family']} model {fields.get('model', '?')})"
+    return name
 
 
 def git_head() -> str:

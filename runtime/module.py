@@ -125,6 +125,8 @@ class ResidualModule:
         params = iree_rt.create_io_parameters_module(instance, provider)
         self._module = iree_rt.load_vm_modules(params, main, config=self._config)[-1]
         self._entries = entries
+        self._entry_points = {(e["stage"], e["program"]): e for e in self.manifest["entry_points"]}
+        self._inputs = [a for a in self.entry("dynamic")["arguments"] if a["kind"] == "input"]
         self._state = []
         adapter = self.entry("adapter")
         if adapter is not None and "tenants" not in self.manifest:
@@ -132,8 +134,7 @@ class ResidualModule:
 
     def entry(self, stage: str, program: str = "main") -> dict | None:
         """The manifest's entry point of `stage` ("adapter" or "dynamic") in `program`, or None."""
-        return next((e for e in self.manifest["entry_points"]
-                     if e["stage"] == stage and e["program"] == program), None)
+        return self._entry_points.get((stage, program))
 
     def _default_adapter(self, adapter: dict) -> dict:
         prefix = self.manifest["default_adapter_prefix"]
@@ -162,7 +163,7 @@ class ResidualModule:
     @property
     def inputs(self) -> list:
         """The request inputs, in call order: [{"name", "shape", "dtype", ...}]."""
-        return [a for a in self.entry("dynamic")["arguments"] if a["kind"] == "input"]
+        return self._inputs
 
     def _check_inputs(self, inputs) -> list:
         specs = self.inputs
