@@ -3,7 +3,8 @@
 
 // Products against weights take the CPU's mmt4d layout: the weight packed
 // once in the widest f32 tile's N0 x K0 (16 x 1 with AVX-512, 8 x 1 with
-// AVX2), each product's rows in the narrowest M0 that covers them.
+// AVX2), each product's rows in the narrowest M0 that covers them; more
+// rows than one widest tile swap the operands.
 
 module {
   util.global private @w = #flow.parameter.named<"model"::"w"> : tensor<64x32xf32>
@@ -41,9 +42,12 @@ module {
   // CHECK:              arith.cmpi ule, %[[ROWS]], %c4 : index
   // AVX512:               arith.cmpi ule, %[[ROWS]], %c8 : index
   // AVX512:               linalg.mmt4d ins(%{{.+}}, %arg0 : tensor<?x64x8x1xf32>, tensor<2x64x16x1xf32>) outs(%{{.+}} : tensor<?x2x8x16xf32>)
-  // AVX512:               linalg.mmt4d ins(%{{.+}}, %arg0 : tensor<?x64x16x1xf32>, tensor<2x64x16x1xf32>) outs(%{{.+}} : tensor<?x2x16x16xf32>)
+  // Beyond the narrow tiles the operands swap: the weight on mmt4d's left, read once for all row tiles.
+  // AVX512:               linalg.mmt4d ins(%arg0, %{{.+}} : tensor<2x64x16x1xf32>, tensor<?x64x16x1xf32>) outs(%{{.+}} : tensor<2x?x16x16xf32>)
+  // AVX512:               linalg.unpack %{{.+}} outer_dims_perm = [1, 0] inner_dims_pos = [1, 0] inner_tiles = [16, 16] into %{{.+}} : tensor<2x?x16x16xf32> -> tensor<?x32xf32>
   // AVX2-NOT:             arith.cmpi
-  // AVX2:                 linalg.mmt4d ins(%{{.+}}, %arg0 : tensor<?x64x8x1xf32>, tensor<4x64x8x1xf32>) outs(%{{.+}} : tensor<?x4x8x8xf32>)
+  // AVX2:                 linalg.mmt4d ins(%arg0, %{{.+}} : tensor<4x64x8x1xf32>, tensor<?x64x8x1xf32>) outs(%{{.+}} : tensor<4x?x8x8xf32>)
+  // AVX2:                 linalg.unpack %{{.+}} outer_dims_perm = [1, 0] inner_dims_pos = [1, 0] inner_tiles = [8, 8] into %{{.+}} : tensor<4x?x8x8xf32> -> tensor<?x32xf32>
   // A static row count (3): the smallest tile that covers it (M0 = 4).
   // CHECK:          %[[P3:.+]] = linalg.pack %arg2 padding_value(%{{.+}} : f32) inner_dims_pos = [0, 1] inner_tiles = [4, 1] into %{{.+}} : tensor<3x64xf32> -> tensor<1x64x4x1xf32>
   // AVX512:         %[[Y3:.+]] = linalg.mmt4d ins(%[[P3]], %[[PW]] : tensor<1x64x4x1xf32>, tensor<2x64x16x1xf32>) outs(%{{.+}} : tensor<1x2x4x16xf32>)
