@@ -1,10 +1,11 @@
 """The adapter cost policy: which adapters to serve merged, which factorized.
 
-Per LoRA site (a linear layer `in -> out` with rank r), for fp32 weights:
+Per LoRA site (a linear layer `in -> out` with rank r, elements of b bytes:
+4 for f32, 2 for f16 / bf16, from the site's dtype):
 
     form        bytes held per adapter           extra request-time work per token
-    factorized  r*(in+out)*4 (its factors)       2*r*(in+out) FLOPs, r*(in+out)*4 bytes read
-    merged      out*in*4 more (its W + sBA)      none (one GEMM, as the base model)
+    factorized  r*(in+out)*b (its factors)       2*r*(in+out) FLOPs, r*(in+out)*b bytes read
+    merged      out*in*b more (its W + sBA)      none (one GEMM, as the base model)
 
 A merged adapter keeps its factors, so that its rows can still join mixed
 batches. Merging therefore buys `requests * extra FLOPs` for `merged_bytes`.
