@@ -198,6 +198,8 @@ def _resume(path: str, options: CompileOptions) -> tuple:
     if stage is None:
         raise ModelLoadError(f"{path!r} is neither an exported model (.pt2) nor a dumped stage "
                              f"({', '.join(v for v in SUFFIXES.values() if v != '.vmfb')})")
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"stage file {path!r} does not exist: pass a file that --dump-stages wrote")
     stem = path[:-len(SUFFIXES[stage])]
     c = Compilation(options, weights=_load_tensors(stem + WEIGHTS))
     from torch_mlir import ir

@@ -398,3 +398,22 @@ def test_half_precision_tenants(tmp_path, dtype, bound):
     with pytest.raises(AdapterError, match="does not fit the adapter memory budget"):
         art.load(str(tmp_path / "tight.vmfb"), adapter_memory_budget=factorized + merged - 1,
                  policy="merged").load_adapter("a", factors, config=model.peft_config["default"])
+
+
+def test_multi_tenant_compile_resumes_from_a_dump(tmp_path):
+    # The multi-tenant configuration, the sites and the resident state live in
+    # the IR, so a dumped stage carries them to the rest of the compile.
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(4)
+    model = get_peft_model(Linear(), LoraConfig(r=4, target_modules=["fc"], init_lora_weights=False)).eval()
+    stageml.compile(model, (torch.randn(3, 64),), dynamic_shapes=({0: Dim("rows", max=256)},),
+                    max_adapters=2, max_rank=8, emit="split", dump_dir=str(tmp_path / "dump"))
+    art = stageml.compile(str(tmp_path / "dump" / "model.split.mlir"))
+    assert (art.tenants["max_adapters"], art.tenants["max_rank"], len(art.tenants["sites"])) == (2, 8, 1)
+    mod = art.load(str(tmp_path / "resumed.vmfb"))
+    adapters = {"t": _factors(5)}
+    mod.load_adapter("t", adapters["t"])
+    linear = {"weight": model.base_model.model.fc.base_layer.weight.detach().numpy(),
+              "bias": model.base_model.model.fc.base_layer.bias.detach().numpy()}
+    _check_rows(mod, linear, adapters, ["t", None, "t"])
