@@ -112,7 +112,9 @@ def _stack(gather) -> str:
 
 
 def _emit(stage, main, results, stages, symbol, result_facts) -> None:
-    types = [v.type for v, _ in stage.inputs.values()]
+    # (a stack of its own leading dimension arrives whole; a slot table per row)
+    types = [stage.gathers[n].operands[0].type if n in stage.gathers and _stack(stage.gathers[n]) == "leading"
+             else v.type for n, (v, _) in stage.inputs.items()]
     func = func_d.FuncOp(symbol, ir.FunctionType.get(types, [v.type for v in results]))
     entry = func.add_entry_block()
     mapping, arg_entries = {}, []
