@@ -137,7 +137,7 @@ def main():
     args = parser.parse_args()
 
     host = CpuTarget("host")
-    start("StageML CPU benchmark", args, [f"IREE flags  {' '.join(host.flags(''))}",
+    start("StageML CPU benchmark", args, [f"IREE flags  {' '.join(host.flags())}",
                                           f"vector      {', '.join(host.describe()['features']) or 'baseline x86-64'}",
                                           f"mmt4d f32 tiles (max rows, M0, N0, K0)  {host.mmt4d_tiles('f32')}"])
 

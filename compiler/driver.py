@@ -139,8 +139,7 @@ def _iree(c: Compilation) -> None:
 
 def _vmfb(c: Compilation) -> None:
     target = get_target(c.options)
-    source = lowering.text(c.module)
-    c.vmfb = lowering.compile_module(source, "the residual", target.backend, target.flags(source))
+    c.vmfb = lowering.compile_module(lowering.text(c.module), "the residual", target.backend, target.flags(c.module))
 
 
 STEPS = {"bt": _bt, "split": _split, "linalg": _linalg, "iree": _iree, "vmfb": _vmfb}

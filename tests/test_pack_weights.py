@@ -142,7 +142,7 @@ def test_packed_products_match_numpy(seed):
     adapter_w = rng.standard_normal((K, N)).astype(np.float32)
     text, stats = _packed(_module(base), "host")
     assert stats["pack-weights"] == 2 * len(ROWS)
-    vmfb = iree_compiler.compile_str(text, target_backends=["llvm-cpu"], extra_args=CpuTarget("host").flags(text))
+    vmfb = iree_compiler.compile_str(text, target_backends=["llvm-cpu"], extra_args=CpuTarget("host").flags())
     config = iree_rt.Config(CpuTarget.device)
     context = iree_rt.SystemContext(config=config)
     context.add_vm_module(iree_rt.VmModule.copy_buffer(context.instance, vmfb))
@@ -188,13 +188,13 @@ def test_host_target():
     target = CpuTarget.from_options(CompileOptions())
     assert (target.name, target.backend, target.device, target.cpu) == ("cpu", "llvm-cpu", "local-task", "host")
     assert target.mmt4d_tiles("f32")[-1][0] is None
-    assert target.flags("")[0] == "--iree-llvmcpu-target-cpu=host"
-    assert "--iree-opt-data-tiling" in target.flags("")
+    assert target.flags()[0] == "--iree-llvmcpu-target-cpu=host"
+    assert "--iree-opt-data-tiling" in target.flags()
     assert target.passes() == [("pack-weights", PackWeightsOptions(cpu="host"))]
     described = target.describe()
     assert (described["name"], described["device"], described["cpu"]) == ("cpu", "local-task", "host")
     assert described["features"] == sorted(described["features"])
-    assert CpuTarget.from_options(CompileOptions(cpu="znver4")).flags("")[0] == "--iree-llvmcpu-target-cpu=znver4"
+    assert CpuTarget.from_options(CompileOptions(cpu="znver4")).flags()[0] == "--iree-llvmcpu-target-cpu=znver4"
     assert parse_pipeline("pack-weights{cpu=znver4}") == [("pack-weights", PackWeightsOptions(cpu="znver4"))]
 
 

@@ -14,15 +14,18 @@ result needs the kernels' PTX on IREE's object search path (`compile_flags`).
 
 import pathlib
 
+from stageml.compiler import facts
+
 EXECUTABLE = "stageml_sm90"  # hopper.mlir's hal.executable.source of the kernels
 HOPPER = pathlib.Path(__file__).with_name("hopper.mlir")
 
 
-def compile_flags(text: str) -> list:
-    """iree-compile flags for the passes' output: the kernels' PTX
-    directory (built if needed) when the module dispatches a kernel."""
+def compile_flags(module) -> list:
+    """iree-compile flags for the passes' output (an IREE-bindings module): the
+    kernels' PTX directory (built if needed) when it holds their executable."""
     from stageml.compiler.sm90.build import build  # (not at import: `python -m ...build` runs it)
 
-    if f"hal.executable.source private @{EXECUTABLE}" not in text:
+    if not any(op.operation.name == "hal.executable.source" and facts.symbol(op.operation) == EXECUTABLE
+               for op in module.body.operations):
         return []
     return [f"--iree-hal-executable-object-search-path={build()}"]

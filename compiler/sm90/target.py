@@ -38,11 +38,11 @@ class Sm90Target(Target):
         return head + [("cse", None), ("use-custom-kernels", UseCustomKernelsOptions(lowering=lowering)),
                        ("canonicalize", None), ("cse", None)]
 
-    def flags(self, module_text: str) -> list:
+    def flags(self, module) -> list:
         if self.custom_kernels == "reference":
             return ["--iree-llvmcpu-target-cpu=host"]
         from stageml.compiler.sm90 import compile_flags
-        return compile_flags(module_text)
+        return compile_flags(module)
 
     def describe(self) -> dict:
         return {"name": self.name, "device": self.device, "custom_kernels": self.custom_kernels}

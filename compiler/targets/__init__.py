@@ -27,8 +27,8 @@ class Target:
         """[(pass name, options)]: IREE-side passes on the residual's IREE input."""
         return []
 
-    def flags(self, module_text: str) -> list:
-        """iree-compile flags for the residual (the text is the module they compile)."""
+    def flags(self, module) -> list:
+        """iree-compile flags for the residual `module` (IREE input, IREE's bindings)."""
         return []
 
     def describe(self) -> dict:

@@ -16,5 +16,5 @@ class CudaTarget(Target):
     def from_options(cls, options):
         return cls()
 
-    def flags(self, module_text: str) -> list:
+    def flags(self, module=None) -> list:
         return ["--iree-cuda-target=sm_80"]
