@@ -96,11 +96,8 @@ def _count_ops(module) -> dict:
 
 
 def _bt(c: Compilation) -> None:
-    names = [facts.facts(f, "arg", i).get("name") for f in programs(c.module.operation)
-             for i in range(len(f.regions[0].blocks[0].arguments))]
-    stages = c.stages or stage_spec.resolve(names, set(c.weights), c.options.stages, c.mutated)
     with c.context:
-        run_passes(c.module, bt_pipeline(c.options, stages), c.stats)
+        run_passes(c.module, bt_pipeline(c.options, c.stages), c.stats)
         c.ops = _count_ops(c.module)
 
 
@@ -213,6 +210,13 @@ def _resume(path: str, options: CompileOptions) -> tuple:
     except Exception as e:
         raise ModelLoadError(f"{path!r} is not valid {stage} IR ({str(e).splitlines()[0]}): "
                              "pass a file that --dump-stages wrote") from None
+    if stage == "torch":  # a result named after a buffer is its new value: the frontend's mutations
+        main = programs(c.module.operation)[0]
+        names = [facts.facts(main, "arg", i).get("name") for i in range(len(main.regions[0].blocks[0].arguments))]
+        results = {facts.facts(main, "res", i).get("name") for i in range(len(list(
+            main.regions[0].blocks[0].operations)[-1].operands))}
+        c.mutated = results & set(c.weights)
+        c.stages = stage_spec.resolve(names, set(c.weights), options.stages, c.mutated)
     if stage == "iree":
         c.folded = {k: as_numpy(v) for k, v in _load_tensors(stem + FOLDED).items()}
     return stage, c

@@ -37,11 +37,10 @@ RESIDENT = "bt.resident"
 
 MAIN, FACTORIZED = "main", "factorized"
 IDS = "adapter_ids"  # the factorized program's request input: each row's adapter slot
-STAGES = ("static", "adapter", "dynamic")
 
-# Argument kinds and the binding time each one's value has.
+# Argument kinds. A parameter's value is static, state and resident state are
+# adapter-time, an input or slot has the function's own stage.
 PARAMETER, STATE, RESIDENT_KIND, INPUT, SLOT, OUTPUT = "parameter", "state", "resident", "input", "slot", "output"
-KIND_TIMES = {PARAMETER: "static", STATE: "adapter", RESIDENT_KIND: "adapter"}
 
 
 def _ir(obj):
@@ -180,31 +179,27 @@ def state_arguments(func) -> list:
     return [a for a in block.arguments if adapter_result(func, a) is not None]
 
 
-def module_fact(module_op, key, default=None):
-    return get(module_op, key, default)
-
-
 def erase_argument(func, index: int) -> None:
     """Erases argument `index` of `func` with its attributes; retypes `func`."""
-    ir = _ir(func)
     entries = _entries(func, "arg", _count(func, "arg"))
     func.regions[0].blocks[0].erase_argument(index)
     del entries[index]
     set_all(func, "arg", entries)
-    _retype_inputs(func)
+    retype_inputs(func)
 
 
 def add_argument(func, type_, **values):
     """Appends an argument of `type_` with the facts `values`; returns it."""
     entries = _entries(func, "arg", _count(func, "arg"))
     arg = func.regions[0].blocks[0].add_argument(type_, func.location)
-    _retype_inputs(func)
+    retype_inputs(func)
     set_all(func, "arg", entries + [{}])
     set_facts(func, "arg", len(entries), **values)
     return arg
 
 
-def _retype_inputs(func) -> None:
+def retype_inputs(func) -> None:
+    """Sets `func`'s input types to its entry block's argument types."""
     ir = _ir(func)
     fn_type = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
     inputs = [a.type for a in func.regions[0].blocks[0].arguments]

@@ -58,13 +58,6 @@ def set_arg_attr(func: ir.Operation, index: int, key: str, value: ir.Attribute) 
         [ir.DictAttr.get(e, context=context) for e in entries], context=context)
 
 
-def update_function_type(func: ir.Operation) -> None:
-    """Sets `func`'s input types to its entry block's argument types."""
-    fn_type = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
-    inputs = [a.type for a in func.regions[0].blocks[0].arguments]
-    func.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(inputs, fn_type.results))
-
-
 def arg_name(func: ir.Operation, index: int) -> str:
     attr = arg_attrs(func, index).get(NAME)
     return ir.StringAttr(attr).value if attr is not None else f"arg{index}"

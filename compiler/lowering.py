@@ -39,17 +39,16 @@ def text(module) -> str:
 
 
 def to_linalg(split: ir.Module) -> iree_ir.Module:
-    """Lowers every stage function with torch-mlir; returns the module in IREE's context."""
-    single = ir.Module.parse(text(split), split.context)
-    with Diagnostics(single.context) as diagnostics:
+    """Lowers every stage function with torch-mlir (in place); returns the module in IREE's context."""
+    with Diagnostics(split.context) as diagnostics:
         try:
             run_pipeline_with_repro_report(
-                single, "builtin.module(torch-backend-to-linalg-on-tensors-backend-pipeline)",
+                split, "builtin.module(torch-backend-to-linalg-on-tensors-backend-pipeline)",
                 "lowering the stage functions to linalg")
         except Exception as e:
             raise CompileError(f"the model failed to lower to linalg: {diagnostics.first_error()}; "
                                "StageML cannot compile that op: rewrite the model without it") from e
-    return to_iree(single)
+    return to_iree(split)
 
 
 def compile_module(module_text: str, what: str, backend: str, flags: list) -> bytes:

@@ -38,7 +38,6 @@ from stageml.runtime.module import ResidualModule, as_outputs, numpy_dtype
 POLICIES = ("auto", "merged", "factorized")
 
 
-
 @dataclasses.dataclass
 class _Adapter:
     source: object            # a PEFT directory, or the prepared inputs of a dict
@@ -143,17 +142,17 @@ class TenantModule(ResidualModule):
             self._evict(self._adapters[min(resident)[1]])
         slot = self._free.pop()
         try:
-            self._call(self.entry("adapter", FACTORIZED), {**self._arguments("adapter", adapter, FACTORIZED),
+            self._call(self.entry("adapter", FACTORIZED), {**self._arguments(adapter, FACTORIZED),
                                                           "slot": slot})
         except Exception as e:
             self._free.append(slot)
             raise AdapterError(f"writing the adapter into slot {slot} failed ({e}): check its tensors") from None
         adapter.slot = slot
 
-    def _arguments(self, stage: str, adapter: _Adapter, program: str = MAIN) -> dict:
-        """`adapter`'s prepared inputs in the element types the entry point takes them."""
+    def _arguments(self, adapter: _Adapter, program: str = MAIN) -> dict:
+        """`adapter`'s prepared inputs in the element types `program`'s adapter stage takes them."""
         return {s["name"]: adapter.inputs[s["name"]].astype(numpy_dtype(s["dtype"]), copy=False)
-                for s in self.entry(stage, program)["arguments"] if s["kind"] == "input"}
+                for s in self.entry("adapter", program)["arguments"] if s["kind"] == "input"}
 
     def _evict(self, adapter: _Adapter) -> None:
         if adapter.slot is not None:
@@ -190,7 +189,7 @@ class TenantModule(ResidualModule):
             forms = {n: self._policy for n in resident}
         for name, adapter in resident.items():
             if forms[name] == "merged" and adapter.merged is None:
-                adapter.merged = self._run_adapter(self._arguments("adapter", adapter))
+                adapter.merged = self._run_adapter(self._arguments(adapter))
             elif forms[name] == "factorized":
                 adapter.merged = None
             if decay:

@@ -151,6 +151,9 @@ def test_mutated_buffer_is_not_folded(tmp_path):
                                                               if a["name"] == "total").items()
     assert [r["name"] for r in forward["results"]] == ["total", "output.0"]
     mod = art.load(str(tmp_path / "counter.vmfb"))
+    # ... also when the compile starts from the dumped torch stage.
+    stageml.compile(model, (torch.randn(3, 8),), emit="torch", dump_dir=str(tmp_path / "dump"))
+    assert "total" not in stageml.compile(str(tmp_path / "dump" / "model.torch.mlir")).parameters
     x, total = torch.randn(3, 8), torch.randn(8)
     new_total, y = mod(x, total) if forward["arguments"][-1]["name"] == "total" else mod(total, x)
     reference = model.fc(x) + total + x.sum(0)

@@ -111,7 +111,7 @@ print(json.dumps({
     "modules": modules,
     "files": sorted({m.__file__ for n, m in sys.modules.items()
                      if n.split(".")[0] == "stageml" and getattr(m, "__file__", None)}),
-    "data": [str(use_custom_kernels.LIBRARY), str(build.SOURCE), str(dialects.BT_IRDL)],
+    "data": [str(use_custom_kernels.HOPPER), str(use_custom_kernels.REFERENCES), str(build.SOURCE), str(dialects.BT_IRDL)],
 }))
 """
 

@@ -57,8 +57,7 @@ def lookup(name: str) -> Pass:
 
 
 def _convert(field, text: str):
-    kind = field.type if isinstance(field.type, type) else eval(field.type, {}, {})  # noqa: S307 (a field annotation)
-    kind = typing.get_args(kind)[0] if typing.get_origin(kind) in (typing.Union, __import__("types").UnionType) else kind
+    kind = field.type  # bool, int, float or str (options are plain dataclasses)
     if kind is bool:
         if text not in ("true", "false"):
             raise CompileError(f"pass option {field.name} takes true or false, not {text!r}")

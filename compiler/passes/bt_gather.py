@@ -22,7 +22,7 @@ from torch_mlir.dialects import torch as torch_d
 
 from stageml.binding_time import BindingTime
 from stageml.compiler.ir import (NAME, TIME, const_int, parse_time, set_arg_attr, set_op_time,
-                                 time_attr, update_function_type, users, vtensor_shape,
+                                 time_attr, users, vtensor_shape,
                                  vtensor_type)
 from stageml.compiler import facts
 from stageml.compiler.passes import program_of, programs, register
@@ -37,7 +37,7 @@ def _ids_argument(func) -> ir.Value:
     ids = block.add_argument(vtensor_type([None], "si64"), func.location)
     set_arg_attr(func, ids.arg_number, NAME, ir.StringAttr.get(IDS))
     set_arg_attr(func, ids.arg_number, TIME, time_attr(BindingTime.DYNAMIC))
-    update_function_type(func)
+    facts.retype_inputs(func)
     return ids
 
 

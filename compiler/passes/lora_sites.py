@@ -35,7 +35,7 @@ from torch_mlir.dialects import torch as torch_d
 
 from stageml.binding_time import BindingTime
 from stageml.compiler.ir import (DTYPES, arg_name, const_int, erase_dead_ops, set_op_time,
-                                 update_function_type, users, value_time, vtensor_shape,
+                                 users, value_time, vtensor_shape,
                                  vtensor_type)
 from stageml.compiler import facts
 from stageml.compiler.passes import programs, register
@@ -162,7 +162,7 @@ def canonicalize(func, rank: int) -> list:
             raise CompileError(f"LoRA factor {arg_name(func, arg.arg_number)!r} is also used outside its "
                                f"LoRA site ({stale[0].name}): multi-tenant compilation needs factors used only there")
         arg.set_type(type_)
-    update_function_type(func)
+    facts.retype_inputs(func)
     return list(reversed(sites))
 
 

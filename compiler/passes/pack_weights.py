@@ -58,9 +58,17 @@ def _pack_rhs(value, n0: int, k0: int):
     return linalg.pack(value, dest, [1, 0], [n0, k0], outer_dims_perm=[1, 0])
 
 
-def _narrow_product(x, rows, rhs, m0: int, n0: int, k0: int):
-    """unpack(mmt4d(pack(x) in M0 x K0 tiles, rhs)): x @ w for w packed in (N0, K0);
-    `rows` is x's row count (an int, or an index value when dynamic)."""
+def _product(x, rows, rhs, m0: int, n0: int, k0: int, widest: bool):
+    """x @ w for w packed in (N0, K0), x packed in M0 x K0 tiles; `rows` is x's
+    row count (an int, or an index value when dynamic).
+
+    Narrow tiles: unpack(mmt4d(pack(x), w)). The widest (square, M0 = N0) tile
+    swaps the operands, (W^T @ x^T)^T = unpack(mmt4d(w, pack(x))): the weight,
+    the large operand, is then read once however many row tiles there are
+    (x @ w reads it once per row tile; measured on an AVX2 CPU, 64 rows of a
+    4096² f32 layer: 32.0 → 17.7 ms). The packed weight is the same bytes:
+    [N/N0, K/K0, N0, K0] is the left-hand layout of W^T in (N0, K0) tiles."""
+    swapped = widest and m0 == n0
     x_type = ir.RankedTensorType(x.type)
     element, k = x_type.element_type, x_type.shape[1]
     n = ir.RankedTensorType(rhs.type).shape[0] * n0
@@ -69,44 +77,16 @@ def _narrow_product(x, rows, rhs, m0: int, n0: int, k0: int):
         tiles = -(-rows // m0)
     else:
         tiles = rows if m0 == 1 else arith.CeilDivUIOp(rows, arith.ConstantOp(ir.IndexType.get(), m0).result).result
-    lhs = tensor.EmptyOp([tiles, k // k0, m0, k0], element).result
-    lhs = linalg.pack(x, lhs, [0, 1], [m0, k0], padding_value=zero)
-    acc = tensor.EmptyOp([tiles, n // n0, m0, n0], element).result
-    acc = linalg.fill(zero, outs=[acc])
-    acc = linalg.mmt4d(lhs, rhs, outs=[acc])
-    out = tensor.EmptyOp([rows, n], element).result
-    return linalg.unpack(acc, out, [0, 1], [m0, n0])
-
-
-def _swapped_product(x, rows, rhs, m0: int, n0: int, k0: int):
-    """(W^T @ x^T)^T for w packed in (N0, K0): the weight is mmt4d's left-hand side
-    and the rows its right-hand side, so that the weight, the large operand, is
-    read once however many row tiles there are (x @ w reads it once per row tile;
-    measured on an AVX2 CPU, 64 rows of a 4096² f32 layer: 32.0 → 17.7 ms).
-    The packed weight is the same bytes: [N/N0, K/K0, N0, K0] is the left-hand
-    layout of W^T in (N0, K0) tiles. Needs a square tile (M0 = N0)."""
-    x_type = ir.RankedTensorType(x.type)
-    element, k = x_type.element_type, x_type.shape[1]
-    n = ir.RankedTensorType(rhs.type).shape[0] * n0
-    zero = arith.ConstantOp(element, 0.0).result
-    if isinstance(rows, int):
-        tiles = -(-rows // m0)
-    else:
-        tiles = arith.CeilDivUIOp(rows, arith.ConstantOp(ir.IndexType.get(), m0).result).result
     packed_x = tensor.EmptyOp([tiles, k // k0, m0, k0], element).result
     packed_x = linalg.pack(x, packed_x, [0, 1], [m0, k0], padding_value=zero)
-    acc = tensor.EmptyOp([n // n0, tiles, n0, m0], element).result
-    acc = linalg.fill(zero, outs=[acc])
-    acc = linalg.mmt4d(rhs, packed_x, outs=[acc])
     out = tensor.EmptyOp([rows, n], element).result
-    return linalg.unpack(acc, out, [1, 0], [n0, m0], outer_dims_perm=[1, 0])
-
-
-def _product(x, rows, rhs, m0: int, n0: int, k0: int, widest: bool):
-    """x @ w in tile M0: the widest (square) tile swaps the operands (`_swapped_product`)."""
-    if widest and m0 == n0:
-        return _swapped_product(x, rows, rhs, m0, n0, k0)
-    return _narrow_product(x, rows, rhs, m0, n0, k0)
+    if swapped:
+        acc = linalg.fill(zero, outs=[tensor.EmptyOp([n // n0, tiles, n0, m0], element).result])
+        acc = linalg.mmt4d(rhs, packed_x, outs=[acc])
+        return linalg.unpack(acc, out, [1, 0], [n0, m0], outer_dims_perm=[1, 0])
+    acc = linalg.fill(zero, outs=[tensor.EmptyOp([tiles, n // n0, m0, n0], element).result])
+    acc = linalg.mmt4d(packed_x, rhs, outs=[acc])
+    return linalg.unpack(acc, out, [0, 1], [m0, n0])
 
 
 def _ladder(x, rows, rhs, tiles: tuple):
@@ -119,7 +99,7 @@ def _ladder(x, rows, rhs, tiles: tuple):
                                        ir.RankedTensorType(x.type).element_type)
     branch = scf.IfOp(narrow.result, [out_type], has_else=True)
     with ir.InsertionPoint(branch.then_block):
-        scf.YieldOp([_narrow_product(x, rows, rhs, m0, n0, k0)])
+        scf.YieldOp([_product(x, rows, rhs, m0, n0, k0, widest=False)])
     with ir.InsertionPoint(branch.else_block):
         scf.YieldOp([_ladder(x, rows, rhs, rest)])
     return branch.results[0]

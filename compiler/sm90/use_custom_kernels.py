@@ -72,7 +72,6 @@ from stageml.compiler.residual_ir import is_zero_fill, retype
 from stageml.compiler.sm90 import EXECUTABLE, HOPPER
 from stageml.errors import CompileError
 
-LIBRARY = HOPPER  # (the kernels' declarations: `hal.executable.source @stageml_sm90`)
 REFERENCES = pathlib.Path(__file__).with_name("reference.mlir")
 REFERENCE_OF = "stageml.reference_of"  # reference.mlir: the kernel a function is the reference of
 MAX_RANK = 32
@@ -408,7 +407,7 @@ def use_custom_kernels(module, lowering: str = "dispatch") -> dict:
     for func in rewriter.strips.retyped:
         retype(func)
     if rewriter.counts and lowering == "dispatch" and not _has_executable(module_op):
-        library = ir.Module.parse(LIBRARY.read_text(), context=module_op.context)
+        library = ir.Module.parse(HOPPER.read_text(), context=module_op.context)
         for op in library.body.operations:
             if op.operation.name == "hal.executable.source":
                 op.operation.clone(ip=ir.InsertionPoint.at_block_begin(module_op.regions[0].blocks[0]))
