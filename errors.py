@@ -30,5 +30,9 @@ class ArtifactError(StageMLError):
     """A compiled artifact (.vmfb, .irpa, manifest) is missing or corrupt."""
 
 
+class OutputError(StageMLError):
+    """An output file or directory cannot be written."""
+
+
 class AdapterError(StageMLError):
     """An adapter cannot be loaded or served (bad tensors, unknown name, no room)."""

@@ -41,6 +41,7 @@ from stageml.compiler.passes.lora_sites import LoraSitesOptions
 from stageml.compiler.report import Report
 from stageml.compiler.targets import get_target
 from stageml.errors import CompileError, ModelLoadError
+from stageml.files import write_files
 from stageml.runtime.module import as_numpy
 
 SUFFIXES = {"torch": ".torch.mlir", "bt": ".bt.mlir", "split": ".split.mlir",
@@ -143,24 +144,19 @@ STEPS = {"bt": _bt, "split": _split, "linalg": _linalg, "iree": _iree, "vmfb": _
 
 
 def _dump(c: Compilation, stage: str) -> None:
-    directory = c.options.dump_dir
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, "model" + SUFFIXES[stage])
-    if stage == "vmfb":
-        _write(path, c.vmfb)
-    else:
-        _write(path, lowering.text(c.module).encode())
+    stem = os.path.join(c.options.dump_dir, "model")
+    text = c.vmfb if stage == "vmfb" else lowering.text(c.module).encode()
+    files = [(stem + SUFFIXES[stage], lambda temp: _write_bytes(temp, text))]
     if stage == "torch":
-        _save_tensors(os.path.join(directory, "model" + WEIGHTS), c.weights)
+        files.append((stem + WEIGHTS, lambda temp: _save_tensors(temp, c.weights)))
     if stage == "iree":
-        _save_tensors(os.path.join(directory, "model" + FOLDED), c.folded)
+        files.append((stem + FOLDED, lambda temp: _save_tensors(temp, c.folded)))
+    write_files(files)
 
 
-def _write(path: str, data: bytes) -> None:
-    partial = path + ".partial"
-    with open(partial, "wb") as f:
+def _write_bytes(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
         f.write(data)
-    os.replace(partial, path)
 
 
 def _save_tensors(path: str, tensors: dict) -> None:
@@ -175,9 +171,7 @@ def _save_tensors(path: str, tensors: dict) -> None:
             return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(array.copy())
 
-    partial = path + ".partial"
-    save_file({k: as_torch(v) for k, v in tensors.items()}, partial)
-    os.replace(partial, path)
+    save_file({k: as_torch(v) for k, v in tensors.items()}, path)
 
 
 def _load_tensors(path: str) -> dict:

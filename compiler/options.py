@@ -19,6 +19,8 @@ class CompileOptions:
     an LLVM CPU name such as "znver4"). custom_kernels: sm90's hand-written
     kernels (True), none (False), or their CPU references ("reference": the
     sm90 residual built for the CPU, to check its rewrites numerically).
+    trust_model: load a .pt2 even where that needs an unrestricted unpickle
+    (which can run any code the file holds); by default such files are refused.
     """
 
     stages: tuple = ()
@@ -30,6 +32,7 @@ class CompileOptions:
     max_adapters: int | None = None
     max_rank: int = 16
     custom_kernels: bool | str = True
+    trust_model: bool = False
     verbose: bool = False
 
     def __post_init__(self):

@@ -1,0 +1,69 @@
+"""Writing files so that a reader never sees half of one.
+
+Each file is written under a temporary name in its own directory, flushed
+to disk, and renamed over its final name (a rename within a directory is
+atomic on POSIX): a reader, or a process killed half-way, sees the old
+file or the new one. `write_files` writes all of a set before renaming any,
+so a failure while writing leaves every old file byte-identical.
+"""
+
+import os
+import tempfile
+
+from stageml.errors import OutputError
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _temporary(path: str) -> str:
+    directory, name = os.path.split(path)
+    fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=directory or ".")
+    os.close(fd)
+    return temp
+
+
+def write_files(files: list) -> None:
+    """Writes [(path, write)], `write(temporary path)` making each file's
+    contents, and renames them into place in the order given."""
+    files = [(os.path.abspath(path), write) for path, write in files]
+    temps = []
+    try:
+        for path, write in files:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            temps.append(_temporary(path))
+            write(temps[-1])
+            _fsync(temps[-1])
+    except OSError as e:
+        for temp in temps:
+            _remove(temp)
+        where = e.filename if isinstance(e.filename, str) else files[len(temps) - 1][0] if temps else files[0][0]
+        raise OutputError(f"cannot write {where!r} ({e.strerror or e}): choose a writable output path") from None
+    except BaseException:
+        for temp in temps:
+            _remove(temp)
+        raise
+    for (path, _), temp in zip(files, temps):
+        os.replace(temp, path)
+    for directory in dict.fromkeys(os.path.dirname(p) for p, _ in files):
+        _fsync(directory)
+
+
+def write_file(path: str, data: bytes | str) -> None:
+    """Writes `data` to `path` atomically."""
+    def write(temp):
+        with open(temp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+    write_files([(path, write)])
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
