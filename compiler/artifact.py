@@ -8,7 +8,10 @@ import numpy as np
 from iree import runtime as iree_rt
 
 from stageml.compiler.passes.use_parameters import SCOPE
-from stageml.runtime.module import FORMAT, numpy_dtype
+from stageml.errors import ArtifactError, OutputError
+from stageml.files import write_files
+from stageml.runtime.manifest import FORMAT, file_entry
+from stageml.runtime.module import numpy_dtype
 
 DEFAULT_ADAPTER = "default_adapter/"
 
@@ -32,6 +35,7 @@ class Artifact:
       default_adapter: {name: ndarray} the adapter weights the model came with.
       tenants: for a multi-tenant compile, {"max_adapters", "max_rank", "sites"}.
       target: what the target records of itself (name, device, ...).
+      source: the model file compiled (None for a module): `save` never overwrites it.
     """
 
     def __init__(self):
@@ -43,24 +47,57 @@ class Artifact:
         self.default_adapter = {}
         self.tenants = None
         self.target = {"name": "cpu", "device": "local-task"}
+        self.source = None
 
-    def manifest(self, stem: str) -> dict:
-        """The .json manifest: everything the runtime needs, derived from the IR."""
-        manifest = {"format": FORMAT, "target": self.target, "device": self.target["device"],
-                    "vmfb": stem + ".vmfb", "parameters": stem + ".irpa", "parameter_scope": SCOPE,
-                    "default_adapter_prefix": DEFAULT_ADAPTER, "entry_points": self.entry_points,
-                    "report": self.report.as_dict(), "versions": _versions()}
+    def manifest(self, files: dict) -> dict:
+        """The .json manifest: everything the runtime needs, derived from the IR, and
+        `files` ({"module": ..., "parameters": ...}: each one's name, size and hash)."""
+        manifest = {"format": FORMAT, "target": self.target, "device": self.target["device"], "files": files,
+                    "parameter_scope": SCOPE, "default_adapter_prefix": DEFAULT_ADAPTER,
+                    "entry_points": self.entry_points, "report": self.report.as_dict(), "versions": _versions()}
         if self.tenants is not None:
             manifest["tenants"] = self.tenants
         return manifest
 
     def save(self, path: str) -> str:
-        """Writes PATH (.vmfb), and .irpa and .json beside it; returns PATH."""
+        """Writes PATH (.vmfb), and .irpa and .json beside it; returns PATH.
+
+        Atomic: each file is written under a temporary name and renamed into
+        place, the manifest last (it names the others' sizes and hashes, so a
+        mix of old and new files fails to load); a failure leaves an earlier
+        artifact at PATH as it was."""
         if self.vmfb is None:
-            raise ValueError("this artifact stopped before the vmfb stage; compile with emit='vmfb'")
-        directory, name = os.path.split(os.path.abspath(path))
-        stem = name[:-5] if name.endswith(".vmfb") else name
-        os.makedirs(directory, exist_ok=True)
+            raise ArtifactError("this artifact stopped before the vmfb stage and has no module to save: "
+                                "compile with emit='vmfb'")
+        directory, name = os.path.split(os.path.abspath(os.fspath(path)))
+        stem = os.path.join(directory, name[:-5] if name.endswith(".vmfb") else name)
+        targets = {"module": stem + ".vmfb", "parameters": stem + ".irpa", "manifest": stem + ".json"}
+        if self.source is not None:
+            for target in targets.values():
+                if os.path.abspath(target) == os.path.abspath(self.source):
+                    raise OutputError(f"saving to {path!r} would overwrite the model file {self.source!r}: "
+                                      "choose another output path")
+        written = {}
+
+        def parameters(temp):
+            self._write_parameters(temp)
+            written["parameters"] = temp
+
+        def module(temp):
+            with open(temp, "wb") as f:
+                f.write(self.vmfb)
+            written["module"] = temp
+
+        def manifest(temp):  # the others' contents, under the names they will have once renamed
+            files = {role: file_entry(written[role], os.path.basename(targets[role])) for role in written}
+            with open(temp, "w") as f:
+                json.dump(self.manifest(files), f, indent=1)
+
+        write_files([(targets["parameters"], parameters), (targets["module"], module),
+                     (targets["manifest"], manifest)])
+        return targets["module"]
+
+    def _write_parameters(self, path: str) -> None:
         index = iree_rt.ParameterIndex()
         entries = {**self.parameters, **{DEFAULT_ADAPTER + k: v for k, v in self.default_adapter.items()}}
         for key, value in entries.items():
@@ -68,12 +105,7 @@ class Artifact:
             if value.dtype == numpy_dtype("bfloat16"):  # IREE's archive writer has no bfloat16: same bits
                 value = value.view(np.uint16)
             iree_rt.parameter_index_add_numpy_ndarray(index, key, value)
-        index.create_archive_file(os.path.join(directory, stem + ".irpa"))
-        with open(os.path.join(directory, stem + ".vmfb"), "wb") as f:
-            f.write(self.vmfb)
-        with open(os.path.join(directory, stem + ".json"), "w") as f:
-            json.dump(self.manifest(stem), f, indent=1)
-        return os.path.join(directory, stem + ".vmfb")
+        index.create_archive_file(path)
 
     def load(self, path: str, device: str | None = None, **serving):
         """Saves to PATH and loads the result (`stageml.load`)."""

@@ -60,7 +60,7 @@ def bt_pipeline(options: CompileOptions, stages: dict) -> list:
             *([("bt-gather", None), ("bt-verify", None)] if tenants else [])]
 
 
-SPLIT_PIPELINE = [("bt-split", None), ("flatten-matmul", None)]
+SPLIT_PIPELINE = [("bt-split", None), ("index-bounds", None), ("flatten-matmul", None)]
 # After partial evaluation: parameters first (they remove @static), then the
 # resident tables, then the products that read them.
 RESIDUAL_PIPELINE = [("use-parameters", None), ("resident-state", None), ("fuse-gathers", None)]
@@ -132,7 +132,8 @@ def _iree(c: Compilation) -> None:
     c.folded = evaluate_static(c.module, c.weights)
     _share_folded(c)
     with c.module.context:
-        run_passes(c.module, RESIDUAL_PIPELINE + get_target(c.options).passes(), c.stats)
+        run_passes(c.module, RESIDUAL_PIPELINE + get_target(c.options).passes() + [("entry-reflection", None)],
+                   c.stats)
 
 
 def _vmfb(c: Compilation) -> None:
@@ -236,6 +237,7 @@ def compile(model, args=None, *, dynamic_shapes=None, options: CompileOptions) -
         # (resolved now, so that a bad glob fails before any stage runs)
         c.stages = stage_spec.resolve(imported.arg_names, set(c.weights), options.stages, c.mutated)
     art = Artifact()
+    art.source = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
     stages = list(SUFFIXES)
     for stage in stages[stages.index(first):stages.index(options.emit) + 1]:
         if stage != first:
@@ -262,10 +264,8 @@ def _finish(art: Artifact, c: Compilation) -> None:
     art.entry_points = entry_points.entry_points(module)
     values = {**{k: v for k, v in c.weights.items()}, **c.folded}
     art.parameters = {name: as_numpy(values[name]) for name in entry_points.parameters(module)}
-    tenants = facts.get(module, facts.TENANTS)
-    if tenants is not None:
-        art.tenants = {**tenants, "sites": facts.get(module, facts.SITES, [])}
-    else:
+    art.tenants = entry_points.tenants(module)
+    if art.tenants is None:
         adapter = next((e for e in art.entry_points if e["stage"] == "adapter" and e["program"] == facts.MAIN), None)
         if adapter is not None:
             art.default_adapter = {a["name"]: as_numpy(c.weights[a["name"]])

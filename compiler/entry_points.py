@@ -35,9 +35,20 @@ def describe(func) -> dict:
             "results": [{**facts.facts(func, "res", i), **tensor_spec(t)} for i, t in enumerate(fn_type.results)]}
 
 
+def entry_points_of(module_op) -> list:
+    """The functions that are entry points of the residual (its adapter and request-time stages)."""
+    return [f for f in facts.stage_functions(module_op) if facts.get(f, facts.STAGE) != "static"]
+
+
 def entry_points(module_op) -> list:
-    """Every entry point of the residual (its adapter and request-time functions)."""
-    return [describe(f) for f in facts.stage_functions(module_op) if facts.get(f, facts.STAGE) != "static"]
+    """Every entry point of the residual, described."""
+    return [describe(f) for f in entry_points_of(module_op)]
+
+
+def tenants(module_op) -> dict | None:
+    """The multi-tenant configuration: {"max_adapters", "max_rank", "sites"}, or None."""
+    configured = facts.get(module_op, facts.TENANTS)
+    return None if configured is None else {**configured, "sites": facts.get(module_op, facts.SITES, [])}
 
 
 def parameters(module_op) -> list:

@@ -9,7 +9,8 @@ dictionaries), which torch-mlir's context and IREE's parse alike:
         %m {bt.name = "adapter.0", bt.kind = "state", bt.result = 0 : i64},
                                                             // @adapter's result 0 (same program)
         %t {bt.name = "factorized.adapter.0", bt.kind = "resident"},  // a slot table
-        %x {bt.name = "x", bt.kind = "input"})              // a request input
+        %x {bt.name = "x", bt.kind = "input",               // a request input, with its
+            bt.dims = [{min = 1, max = 32}, {min = 64, max = 64}]})  // dimensions' ranges
       -> (tensor {bt.name = "output.0", bt.kind = "output"})
       attributes {bt.stage = "dynamic", bt.program = "main"}
 
@@ -18,7 +19,9 @@ way of running the model: "main", and for a multi-tenant compile also
 "factorized" (per-row adapters gathered from resident slot tables). The
 module records the multi-tenant configuration (`bt.tenants`) and each
 piece of resident state (`bt.resident`: its owning stage, program, shape
-and slot dimension) and its LoRA sites (`bt.sites`, see lora-sites).
+and slot dimension) and its LoRA sites (`bt.sites`, see lora-sites). An
+argument that indexes a table records the values it may take (`bt.range`,
+see index-bounds).
 
 Everything downstream (the manifest, the runtime's argument order, layout
 rewrites, kernel matching) reads these facts; nothing looks at symbol names.
@@ -34,6 +37,8 @@ RESULT = "bt.result"
 SITES = "bt.sites"
 TENANTS = "bt.tenants"
 RESIDENT = "bt.resident"
+DIMS = "bt.dims"    # an input's dimension ranges from the export: [{"min": lo, "max": hi (absent: unbounded)}]
+RANGE = "bt.range"  # the values an integer index argument may take: {"min": lo, "max": hi}
 
 MAIN, FACTORIZED = "main", "factorized"
 IDS = "adapter_ids"  # the factorized program's request input: each row's adapter slot

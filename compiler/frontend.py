@@ -90,6 +90,26 @@ def _takes_var_args(model) -> bool:
     return bool(params) and params[0].kind == inspect.Parameter.VAR_POSITIONAL
 
 
+def _input_dims(program: torch.export.ExportedProgram) -> dict:
+    """{forward input: [{"min", "max"} per dimension]}: the export's ranges (a
+    dimension without an upper bound has no "max")."""
+    from torch.utils._sympy.value_ranges import bound_sympy
+    inputs = {s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT}
+    dims = {}
+    for node in program.graph.nodes:
+        if node.op != "placeholder" or node.name not in inputs:
+            continue
+        ranges = []
+        for size in node.meta["val"].shape:
+            if isinstance(size, torch.SymInt):
+                bound = bound_sympy(size.node.expr, program.range_constraints)
+                ranges.append({"min": int(bound.lower), **({"max": int(bound.upper)} if bound.upper.is_finite else {})})
+            else:
+                ranges.append({"min": int(size), "max": int(size)})
+        dims[node.name] = ranges
+    return dims
+
+
 def import_program(program: torch.export.ExportedProgram, context: ir.Context) -> ImportedProgram:
     """Imports `program` into `context` as torch backend IR (`func.func @main`)."""
     table = get_decomposition_table()
@@ -124,6 +144,8 @@ def import_program(program: torch.export.ExportedProgram, context: ir.Context) -
     func = module.body.operations[0]
     for index, name in enumerate(arg_names):
         set_arg_attr(func, index, NAME, ir.StringAttr.get(name, context))
+    for name, dims in _input_dims(program).items():
+        set_arg_attr(func, arg_names.index(name), facts.DIMS, facts.attribute(ir, dims, context))
     mutated, results = set(), []
     for index, spec in enumerate(program.graph_signature.output_specs):
         if spec.kind == OutputKind.BUFFER_MUTATION:

@@ -4,27 +4,11 @@ import json
 import os
 
 import numpy as np
+import pydantic
 from iree import runtime as iree_rt
 
 from stageml.errors import ArtifactError, InputError
-
-FORMAT = "stageml-residual/3"
-
-
-def _read_manifest(vmfb_path: str) -> dict:
-    stem = vmfb_path[:-5] if vmfb_path.endswith(".vmfb") else vmfb_path
-    path = stem + ".json"
-    try:
-        with open(path) as f:
-            manifest = json.load(f)
-    except FileNotFoundError:
-        raise ArtifactError(f"manifest {path!r} is missing: keep the .json that stagemlc wrote beside the .vmfb") from None
-    except (OSError, ValueError):
-        raise ArtifactError(f"manifest {path!r} is corrupt: recompile the model with stagemlc") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ArtifactError(f"manifest {path!r} is not a {FORMAT} manifest: recompile the model with stagemlc")
-    return manifest
-
+from stageml.runtime import manifest as manifests
 
 def as_numpy(value) -> np.ndarray:
     """A numpy array of a torch tensor (bfloat16 as ml_dtypes.bfloat16) or array-like."""
@@ -38,6 +22,8 @@ def as_numpy(value) -> np.ndarray:
 
 
 def _check_input(spec: dict, value) -> np.ndarray:
+    """`value` as the contiguous array input `spec` takes: its shape, dtype, the
+    export's dimension ranges and, for indices, the values the tables allow."""
     value = as_numpy(value)
     expected = "[" + ", ".join("?" if d is None else str(d) for d in spec["shape"]) + "] " + spec["dtype"]
     shape_ok = value.ndim == len(spec["shape"]) and all(
@@ -45,6 +31,16 @@ def _check_input(spec: dict, value) -> np.ndarray:
     if not shape_ok or value.dtype != numpy_dtype(spec["dtype"]):
         raise InputError(f"input {spec['name']!r} has shape {list(value.shape)} {value.dtype}; "
                          f"expected {expected}")
+    for axis, (size, bound) in enumerate(zip(value.shape, spec.get("dims", ()))):
+        if size < bound["min"] or size > bound.get("max", size):
+            allowed = f"{bound['min']}..{bound['max']}" if "max" in bound else f"at least {bound['min']}"
+            raise InputError(f"input {spec['name']!r} has {size} along dimension {axis}, outside the exported "
+                             f"range {allowed}: split the request, or export with a larger Dim max")
+    values = spec.get("range")
+    if values is not None and value.size and (value.min() < values["min"] or value.max() > values["max"]):
+        bad = value.min() if value.min() < values["min"] else value.max()
+        raise InputError(f"input {spec['name']!r} holds {bad}, outside {values['min']}..{values['max']} (the rows of "
+                         "the table it indexes): pass indices inside the table, e.g. token ids below the vocabulary size")
     return np.ascontiguousarray(value)
 
 
@@ -86,6 +82,39 @@ def _check_cpu(manifest: dict, path: str) -> None:
                             "CPU both machines share (e.g. --cpu x86-64-v3)")
 
 
+def _described(module, vmfb_path: str) -> tuple[list, dict | None]:
+    """(the entry points the module describes itself, its multi-tenant configuration or None),
+    from its functions' reflection (compiler/passes/entry_reflection.py)."""
+    from stageml.compiler.passes.entry_reflection import ENTRY, TENANTS
+    described, tenants = [], None
+    try:
+        for name in module.function_names:
+            reflection = module.lookup_function(name).reflection
+            if ENTRY in reflection:
+                described.append(manifests.EntryPoint.model_validate(json.loads(reflection[ENTRY])))
+            if TENANTS in reflection:
+                tenants = manifests.Tenants.model_validate(json.loads(reflection[TENANTS]))
+    except (ValueError, pydantic.ValidationError):
+        raise ArtifactError(f"module {vmfb_path!r} describes its entry points in a form this StageML does not "
+                            "read: recompile the model with this StageML") from None
+    stages = [(e.stage, e.program) for e in described]
+    if ("dynamic", "main") not in stages or len(set(stages)) != len(stages):
+        raise ArtifactError(f"module {vmfb_path!r} is not a StageML residual (it describes no request-time "
+                            "entry point): compile the model with stagemlc")
+    return ([e.model_dump(exclude_none=True) for e in described],
+            None if tenants is None else tenants.model_dump(exclude_none=True))
+
+
+def _check_agrees(checked, described: list, tenants: dict | None, manifest_path: str) -> None:
+    """Refuses a manifest whose entry points or tenants differ from what the module says of itself."""
+    listed = sorted((e.model_dump(exclude_none=True) for e in checked.entry_points), key=lambda e: e["symbol"])
+    listed_tenants = None if checked.tenants is None else checked.tenants.model_dump(exclude_none=True)
+    if listed != sorted(described, key=lambda e: e["symbol"]) or listed_tenants != tenants:
+        what = "multi-tenant configuration" if listed_tenants != tenants else "entry points"
+        raise ArtifactError(f"manifest {manifest_path!r} disagrees with its module about the {what}: "
+                            "use the manifest stagemlc wrote with this module")
+
+
 class ResidualModule:
     """A loaded residual: call it like the model (`mod(x)`).
 
@@ -95,19 +124,23 @@ class ResidualModule:
 
     def __init__(self, path: str, device: str | None = None):
         path = os.fspath(path)
-        self.manifest = _read_manifest(path)
-        device = device or self.manifest["device"]
+        checked, self.manifest = manifests.read(path)
+        device = device or checked.device
         _check_cpu(self.manifest, path)
-        directory = os.path.dirname(os.path.abspath(path))
-        vmfb_path = os.path.join(directory, self.manifest["vmfb"])
-        irpa_path = os.path.join(directory, self.manifest["parameters"])
-        for file, what in ((vmfb_path, "module"), (irpa_path, "parameter archive")):
-            if not os.path.isfile(file):
-                raise ArtifactError(f"{what} {file!r} is missing: keep the files stagemlc wrote together")
+        manifest_path = manifests.path_of(path)
+        vmfb_path = manifests.locate(manifest_path, checked.files.module, "module")
+        irpa_path = manifests.locate(manifest_path, checked.files.parameters, "parameter archive")
+        try:
+            with open(vmfb_path, "rb") as f:
+                module_bytes = f.read()
+        except OSError as e:
+            raise ArtifactError(f"module {vmfb_path!r} cannot be read ({e.strerror}): check its permissions") from None
+        manifests.verify(vmfb_path, checked.files.module, "module", module_bytes)
+        manifests.verify(irpa_path, checked.files.parameters, "parameter archive")
         try:
             self._config = _runtime_config(device)
         except Exception:
-            raise ArtifactError(f"IREE device {device!r} is not available here: run this {self.manifest['target']['name']} "
+            raise ArtifactError(f"IREE device {device!r} is not available here: run this {checked.target.name} "
                                 "residual where that device exists, or compile for --target cpu") from None
         self._index = iree_rt.ParameterIndex()
         try:
@@ -117,19 +150,25 @@ class ResidualModule:
             raise ArtifactError(f"parameter archive {irpa_path!r} is corrupt or truncated: recompile the model") from None
         instance = self._config.vm_instance
         try:
-            with open(vmfb_path, "rb") as f:
-                main = iree_rt.VmModule.copy_buffer(instance, f.read())
+            main = iree_rt.VmModule.copy_buffer(instance, module_bytes)
         except Exception:
             raise ArtifactError(f"module {vmfb_path!r} is corrupt: recompile the model") from None
-        provider = self._index.create_provider(scope=self.manifest["parameter_scope"])
+        described, self.tenants = _described(main, vmfb_path)
+        _check_agrees(checked, described, self.tenants, manifest_path)
+        provider = self._index.create_provider(scope=checked.parameter_scope)
         params = iree_rt.create_io_parameters_module(instance, provider)
-        self._module = iree_rt.load_vm_modules(params, main, config=self._config)[-1]
+        try:
+            self._module = iree_rt.load_vm_modules(params, main, config=self._config)[-1]
+        except Exception as e:
+            raise ArtifactError(f"module {vmfb_path!r} cannot be loaded with its parameters "
+                                f"({str(e).strip().splitlines()[0]}): recompile the model") from None
         self._entries = entries
-        self._entry_points = {(e["stage"], e["program"]): e for e in self.manifest["entry_points"]}
+        self._default_prefix = checked.default_adapter_prefix
+        self._entry_points = {(e["stage"], e["program"]): e for e in described}
         self._inputs = [a for a in self.entry("dynamic")["arguments"] if a["kind"] == "input"]
         self._state = []
         adapter = self.entry("adapter")
-        if adapter is not None and "tenants" not in self.manifest:
+        if adapter is not None and self.tenants is None:
             self._state = self._run_adapter(self._default_adapter(adapter))
 
     def entry(self, stage: str, program: str = "main") -> dict | None:
@@ -137,7 +176,7 @@ class ResidualModule:
         return self._entry_points.get((stage, program))
 
     def _default_adapter(self, adapter: dict) -> dict:
-        prefix = self.manifest["default_adapter_prefix"]
+        prefix = self._default_prefix
         try:
             return {s["name"]: iree_rt.parameter_index_entry_as_numpy_ndarray(self._entries[prefix + s["name"]])
                     .view(numpy_dtype(s["dtype"])) for s in adapter["arguments"] if s["kind"] == "input"}
@@ -190,7 +229,7 @@ def load(path: str, device: str | None = None, **serving) -> ResidualModule:
         adapter_memory_budget (bytes, None: unlimited), policy ("auto",
         "merged" or "factorized"), replan_every (calls between re-plans).
     """
-    if "tenants" in _read_manifest(os.fspath(path)):
+    if manifests.read(os.fspath(path))[0].tenants is not None:
         from stageml.runtime.tenants import TenantModule
         return TenantModule(path, device, **serving)
     if serving:

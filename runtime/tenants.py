@@ -57,7 +57,7 @@ class TenantModule(ResidualModule):
         if policy not in POLICIES:
             raise AdapterError(f"unknown adapter policy {policy!r}: choose one of {', '.join(POLICIES)}")
         super().__init__(path, device)
-        tenants = self.manifest["tenants"]
+        tenants = self.tenants
         self._sites = tenants["sites"]
         self._max_rank = tenants["max_rank"]
         self._free = list(range(tenants["max_adapters"], 0, -1))  # slot 0 is the base model
@@ -111,7 +111,7 @@ class TenantModule(ResidualModule):
         if self._budget is None:
             return
         others = [a for n, a in self._adapters.items() if n != name and a.slot is not None]
-        resident = min(len(others) + 1, self.manifest["tenants"]["max_adapters"])
+        resident = min(len(others) + 1, self.tenants["max_adapters"])
         per_adapter = self._profile.factorized_bytes + (self._profile.merged_bytes if self._policy == "merged" else 0)
         if resident * per_adapter > self._budget:
             raise AdapterError(f"adapter {name!r} does not fit the adapter memory budget of {self._budget} bytes "
@@ -137,7 +137,7 @@ class TenantModule(ResidualModule):
         if not self._free:
             resident = [(a.last_used, n) for n, a in self._adapters.items() if a.slot is not None and n not in busy]
             if not resident:
-                raise AdapterError(f"all {self.manifest['tenants']['max_adapters']} adapter slots are in use by this call: "
+                raise AdapterError(f"all {self.tenants['max_adapters']} adapter slots are in use by this call: "
                                    "compile with a larger max_adapters or send fewer adapters per batch")
             self._evict(self._adapters[min(resident)[1]])
         slot = self._free.pop()
@@ -203,7 +203,7 @@ class TenantModule(ResidualModule):
                             "slot": a.slot, "bytes_held": self._bytes_of(a), "requests": a.total}
                         for n, a in sorted(self._adapters.items())}
             return {"adapters": adapters, "bytes_held": self._bytes_held(), "budget": self._budget,
-                    "policy": self._policy, "slots": self.manifest["tenants"]["max_adapters"],
+                    "policy": self._policy, "slots": self.tenants["max_adapters"],
                     "slots_free": len(self._free)}
 
     # -- requests -------------------------------------------------------------

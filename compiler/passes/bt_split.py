@@ -124,8 +124,8 @@ def _emit(stage, main, results, stages, symbol, result_facts) -> None:
         entry_facts = {"name": name, "kind": _kind(stage, name, source)}
         if entry_facts["kind"] == facts.STATE:
             entry_facts["result"] = adapter_outputs.index(name)
-        attrs = {k: a for k, a in arg_attrs(main, value.arg_number).items() if not k.startswith("bt.")} \
-            if source is None else {}
+        attrs = {k: a for k, a in arg_attrs(main, value.arg_number).items()
+                 if not k.startswith("bt.") or k == facts.DIMS} if source is None else {}
         attrs.update({"bt." + k: facts.attribute(ir, v) for k, v in entry_facts.items()})
         arg_entries.append(attrs)
     facts.set_all(func.operation, "arg", arg_entries)

@@ -10,7 +10,8 @@ reads its resident arguments as views of the table:
     func @adapter_factorized(%a, ...) -> (%m : KxN {bt.kind = "resident", bt.name = "s"})
     func @forward_factorized(%s : ?xKxN {bt.kind = "resident", bt.name = "s"}, %x, %ids)
   → util.global private mutable @resident.f32 = dense<0.0> : tensor<TOTAL x f32>
-    func @adapter_factorized(%a, ..., %slot : i64 {bt.kind = "slot"}) {
+    func @adapter_factorized(%a, ..., %slot : i64 {bt.kind = "slot", bt.range = {min = 1, max = SLOTS-1}}) {
+      cf.assert (1 <= %slot < SLOTS), "adapter slot out of range ..."   // never a write outside the table
       %t = util.global.load @resident.f32
       %u = tensor.insert_slice (collapse %m) into %t[OFFSET + %slot * K*N] [K*N]
       util.global.store %u, @resident.f32 }
@@ -26,7 +27,7 @@ so that reading a table is a view, not a copy.)
 import math
 
 from iree.compiler import ir
-from iree.compiler.dialects import arith, func as func_d, tensor, util
+from iree.compiler.dialects import arith, cf, func as func_d, tensor, util
 
 from stageml.compiler import facts
 from stageml.compiler.passes import register
@@ -79,9 +80,20 @@ def _read(func, ranges, flat) -> None:
             facts.erase_argument(func, index)
 
 
-def _write(func, ranges, flat) -> None:
+def _check_slot(slot, slots: int) -> None:
+    """Fails the call (an error, not a write) unless 1 <= slot < slots: slot 0 is the base model's."""
+    i64 = ir.IntegerType.get_signless(64)
+    low = arith.CmpIOp(arith.CmpIPredicate.sge, slot, arith.ConstantOp(i64, 1).result).result
+    high = arith.CmpIOp(arith.CmpIPredicate.slt, slot, arith.ConstantOp(i64, slots).result).result
+    cf.AssertOp(arith.AndIOp(low, high).result, f"adapter slot out of range [1, {slots - 1}]")
+
+
+def _write(func, ranges, flat, slots: int) -> None:
     block = func.regions[0].blocks[0]
-    slot = facts.add_argument(func, ir.IntegerType.get_signless(64), name="slot", kind=facts.SLOT)
+    slot = facts.add_argument(func, ir.IntegerType.get_signless(64), name="slot", kind=facts.SLOT,
+                              range={"min": 1, "max": slots - 1})
+    with ir.InsertionPoint.at_block_begin(block), func.location:
+        _check_slot(slot, slots)
     ret = list(block.operations)[-1]
     kept, kept_facts = [], []
     with ir.InsertionPoint(ret), ret.location:
@@ -127,7 +139,7 @@ def lower_resident_state(module_op) -> int:
         writer = facts.stage_function(module_op, owner, program)
         if writer is None:
             raise CompileError(f"resident state of program {program!r} has no @{owner} function to write it")
-        _write(writer, ranges, flat)
+        _write(writer, ranges, flat, slots={e["shape"][0] for e in declared if e["program"] == program}.pop())
         for reader in facts.stage_functions(module_op, "dynamic", program):
             _read(reader, ranges, flat)
     return len(declared)

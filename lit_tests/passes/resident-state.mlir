@@ -7,7 +7,8 @@
 // each entry a contiguous range of it (factorized.adapter.0 at 0, 3*16*4
 // elements; factorized.adapter.1 at 192, 3*4*12; factorized.adapter.2 at 0
 // of the f16 table, 3*4*2). The owning @adapter_factorized gets a slot
-// argument (bt.kind = "slot") and, instead of returning its resident
+// argument (bt.kind = "slot", with the slots it may name: bt.range), checked
+// before any write, and, instead of returning its resident
 // results, writes each into its entry at that slot; @forward_factorized
 // reads each resident argument as a view of its table. The "main" program
 // (state, not resident) is left alone.
@@ -25,7 +26,12 @@
 // CHECK-LABEL: func.func @adapter_factorized
 // CHECK-SAME:    %arg2: tensor<4x2xf16> {bt.kind = "input", bt.name = "gate.weight"},
 // No results any more: right after the slot argument come the attributes.
-// CHECK-SAME:    %arg3: i64 {bt.kind = "slot", bt.name = "slot"}) attributes {bt.program = "factorized", bt.stage = "adapter"} {
+// CHECK-SAME:    %arg3: i64 {bt.kind = "slot", bt.name = "slot", bt.range = {max = 2 : i64, min = 1 : i64}}) attributes {bt.program = "factorized", bt.stage = "adapter"} {
+// A slot outside the table (or slot 0, the base model's) fails the call before any write.
+// CHECK:         %[[LOW:.+]] = arith.cmpi sge, %arg3, %c1_i64
+// CHECK:         %[[HIGH:.+]] = arith.cmpi slt, %arg3, %c3_i64
+// CHECK:         %[[OK:.+]] = arith.andi %[[LOW]], %[[HIGH]]
+// CHECK-NEXT:    cf.assert %[[OK]], "adapter slot out of range [1, 2]"
 // CHECK:         %[[AT:.+]] = linalg.transpose ins(%arg0
 // CHECK:         %[[BT:.+]] = linalg.transpose ins(%arg1
 // CHECK:         %[[SLOT:[0-9]+]] = arith.index_cast %arg3 : i64 to index

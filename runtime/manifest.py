@@ -1,0 +1,182 @@
+"""The residual's manifest (`residual.json`): its schema, and its checks.
+
+The manifest names the module (.vmfb) and parameter archive (.irpa) beside
+it, each with its size and SHA-256, and repeats what the module says of its
+own entry points (compiler/passes/entry_reflection.py). Reading one checks,
+before anything is loaded: the schema (every field's type and range), that
+each file is a plain name inside the manifest's own directory, and that
+each file has the recorded size and hash. Any failure is an ArtifactError
+naming the file.
+"""
+
+import hashlib
+import json
+import os
+from typing import Annotated, Literal
+
+import pydantic
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from stageml.errors import ArtifactError
+
+FORMAT = "stageml-residual/4"
+
+Count = Annotated[int, Field(ge=0, le=1 << 62)]
+Positive = Annotated[int, Field(ge=1, le=1 << 62)]
+Index = Annotated[int, Field(ge=-(1 << 62), le=1 << 62)]
+Name = Annotated[str, Field(min_length=1, max_length=4096)]
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8",
+          "uint64", "uint32", "uint16", "uint8", "bool")
+
+
+def _plain_name(name: str) -> str:
+    """A file name inside the manifest's directory: no directory part, not "." or ".."."""
+    if name in (".", "..") or any(c in name for c in "/\\\x00") or not 0 < len(name) <= 255:
+        raise ValueError(f"{name!r} is not a plain file name")
+    return name
+
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class DimRange(_Strict):
+    min: Count
+    max: Count | None = None
+
+
+class ValueRange(_Strict):
+    min: Index
+    max: Index
+
+
+class Value(_Strict):
+    """An argument or result of an entry point (compiler/facts.py's facts, shape and dtype)."""
+    name: Name
+    kind: Literal["parameter", "state", "resident", "input", "slot", "output"]
+    shape: list[Count | None]
+    dtype: Literal[DTYPES]
+    result: Count | None = None
+    dims: list[DimRange] | None = None
+    range: ValueRange | None = None
+
+
+class EntryPoint(_Strict):
+    symbol: Name
+    stage: Literal["adapter", "dynamic"]
+    program: Name
+    arguments: list[Value]
+    results: list[Value]
+
+
+class Site(_Strict):
+    lora_A: Name
+    lora_B: Name
+    in_features: Positive
+    out_features: Positive
+    rank: Count
+    scaling: float
+    dtype: Literal["float32", "float16", "bfloat16"]
+    experts: Count
+
+
+class Tenants(_Strict):
+    max_adapters: Positive
+    max_rank: Positive
+    sites: list[Site]
+
+
+class File(_Strict):
+    name: Annotated[str, AfterValidator(_plain_name)]
+    size: Count
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class Files(_Strict):
+    module: File
+    parameters: File
+
+
+class Target(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+    name: Name
+    device: Name
+    features: list[str] = []
+
+
+class Manifest(_Strict):
+    format: Literal[FORMAT]
+    target: Target
+    device: Name
+    files: Files
+    parameter_scope: Name
+    default_adapter_prefix: str
+    entry_points: list[EntryPoint]
+    tenants: Tenants | None = None
+    report: dict
+    versions: dict[str, str]
+
+
+def sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def file_entry(path: str, name: str) -> dict:
+    """The manifest's record of the file at `path`, to be found under `name`."""
+    return {"name": name, "size": os.path.getsize(path), "sha256": sha256(path)}
+
+
+def _first_error(error: pydantic.ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "the top level"
+    return f"{where}: {first['msg']}"
+
+
+def validate(data, what: str):
+    """`data` (parsed JSON) as a Manifest; `what` names it in the error."""
+    try:
+        return Manifest.model_validate(data)
+    except pydantic.ValidationError as e:
+        raise ArtifactError(f"{what} is not a valid {FORMAT} manifest ({_first_error(e)}): "
+                            "recompile the model with stagemlc") from None
+
+
+def path_of(vmfb_path: str) -> str:
+    """The manifest beside `vmfb_path`."""
+    return (vmfb_path[:-5] if vmfb_path.endswith(".vmfb") else vmfb_path) + ".json"
+
+
+def read(vmfb_path: str) -> tuple[Manifest, dict]:
+    """(the validated manifest beside `vmfb_path`, its JSON as read)."""
+    path = path_of(vmfb_path)
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read())
+    except FileNotFoundError:
+        raise ArtifactError(f"manifest {path!r} is missing: keep the .json that stagemlc wrote beside the .vmfb") from None
+    except (OSError, ValueError, RecursionError):
+        raise ArtifactError(f"manifest {path!r} is unreadable or not JSON: recompile the model with stagemlc") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        found = data.get("format") if isinstance(data, dict) else None
+        raise ArtifactError(f"manifest {path!r} is not a {FORMAT} manifest (format {found!r}): "
+                            "recompile the model with this StageML")
+    return validate(data, f"manifest {path!r}"), data
+
+
+def locate(manifest_path: str, entry: File, what: str) -> str:
+    """The path of the file `entry` names, beside the manifest."""
+    path = os.path.join(os.path.dirname(os.path.abspath(manifest_path)), entry.name)
+    if not os.path.isfile(path):
+        raise ArtifactError(f"{what} {path!r} is missing: keep the files stagemlc wrote together")
+    return path
+
+
+def verify(path: str, entry: File, what: str, data: bytes | None = None) -> None:
+    """Checks that the file at `path` (or `data`, its contents as read) has `entry`'s size and hash."""
+    size = len(data) if data is not None else os.path.getsize(path)
+    digest = hashlib.sha256(data).hexdigest() if data is not None else sha256(path)
+    if size != entry.size or digest != entry.sha256:
+        raise ArtifactError(f"{what} {path!r} does not match its manifest (its size or SHA-256 differ: it is "
+                            "corrupt, or from another compile): save or copy the whole artifact again")
