@@ -347,6 +347,108 @@ def test_threads_loading_unloading_and_serving_stay_correct(linear):
     assert mod.adapters == ["a", "b", "c"]
 
 
+def test_bad_ids_are_refused_and_the_compiled_code_stays_in_bounds(llama):
+    """Token ids outside the vocabulary, and sequences beyond the exported maximum,
+    are an InputError per call; called past those checks, the residual's own
+    index clamps keep every read inside its table (finite rows, no crash)."""
+    mod = stageml.load(llama["path"])
+    mod.load_adapter("a", str(llama["root"] / "a"))
+    ids = mod.inputs[0]
+    assert ids["range"] == {"min": 0, "max": 127} and ids["dims"][1] == {"min": 0, "max": 64}
+    for bad in (128, 1000, -1, 10**9, -(2**63)):
+        with pytest.raises(InputError, match=f"input 'ids' holds {bad}, outside 0..127"):
+            mod.run_batch(torch.tensor([[1, 2, bad]]), ["a"])
+    with pytest.raises(InputError, match="has 65 along dimension 1, outside the exported range 0..64"):
+        mod(torch.zeros(1, 65, dtype=torch.int64), adapter="a")
+    slots = mod.entry("dynamic", "factorized")
+    wild = np.array([[10**9, -5, 127, 128]], np.int64)
+    rows = mod._call(slots, {"ids": wild, "adapter_ids": np.array([10**6], np.int64)}).to_host()
+    assert np.isfinite(rows).all()
+    writer = mod.entry("adapter", "factorized")
+    zeros = {a["name"]: np.zeros(a["shape"], np.float32) for a in writer["arguments"] if a["kind"] == "input"}
+    for slot in (0, 5, 10**12, -1):  # slot 0 is the base model's; 4 slots are compiled
+        with pytest.raises(RuntimeError, match=r"adapter slot out of range \[1, 4\]"):
+            mod._call(writer, {**zeros, "slot": slot})
+    good = torch.randint(0, 128, (1, 6))
+    assert rel_err(mod(good, adapter="a"), _llama_reference(llama, "a", good)) <= 1e-4
+
+
+def test_manifest_cannot_widen_the_slot_table(llama, tmp_path):
+    for ext in (".vmfb", ".irpa", ".json"):
+        (tmp_path / f"tenants{ext}").write_bytes(open(llama["path"][:-5] + ext, "rb").read())
+    manifest = json.loads((tmp_path / "tenants.json").read_text())
+    manifest["tenants"]["max_adapters"] = 64
+    (tmp_path / "tenants.json").write_text(json.dumps(manifest))
+    with pytest.raises(stageml.StageMLError, match="disagrees with its module about the multi-tenant configuration"):
+        stageml.load(str(tmp_path / "tenants.vmfb"))
+
+
+def test_stress_mixed_tenants_churn_and_bad_requests(llama):
+    """Bounded stress: 3 threads serve mixed-tenant batches (every row checked
+    against PEFT), one loads and unloads adapters, one sends bad requests
+    (ids outside the vocabulary, too-long sequences) that must each fail alone."""
+    mod = stageml.load(llama["path"], replan_every=8)
+    for name in "abc":
+        mod.load_adapter(name, str(llama["root"] / name))
+    seed = random.randrange(1 << 30)
+    print("stress seed", seed)
+    torch.manual_seed(seed)
+    pool = [torch.randint(0, 128, (1, 6)) for _ in range(6)]
+    expected = {(i, n): _llama_reference(llama, n, x) for i, x in enumerate(pool) for n in ["a", "b", "c", None]}
+    failures, refused, served = [], [0], [0]
+    lock = threading.Lock()
+
+    def serve(worker):
+        rng = random.Random(seed + worker)
+        try:
+            for _ in range(12):
+                rows = [(rng.randrange(len(pool)), rng.choice(["a", "b", "c", None])) for _ in range(rng.randint(1, 5))]
+                y = mod.run_batch(torch.cat([pool[i] for i, _ in rows]), [n for _, n in rows])
+                for r, key in enumerate(rows):
+                    if rel_err(y[r:r + 1], expected[key]) > 1e-4:
+                        failures.append((key, rel_err(y[r:r + 1], expected[key])))
+                with lock:
+                    served[0] += 1
+        except Exception as e:  # reported below
+            failures.append(repr(e))
+
+    def churn():
+        try:
+            for i in range(6):
+                mod.load_adapter(f"tmp{i}", str(llama["root"] / "bc"[i % 2]))
+                mod.unload_adapter(f"tmp{i}")
+        except Exception as e:
+            failures.append(repr(e))
+
+    def bad_requests():
+        rng = random.Random(seed - 1)
+        for _ in range(12):
+            ids = torch.randint(0, 128, (2, 6))
+            ids[rng.randrange(2), rng.randrange(6)] = rng.choice([128, -1, 10**9, -(10**12)])
+            shape_bad = rng.random() < 0.3
+            try:
+                if shape_bad:
+                    mod.run_batch(torch.zeros(1, 80, dtype=torch.int64), ["a"])
+                else:
+                    mod.run_batch(ids, ["a", "c"])
+                failures.append("a bad request was served")
+            except InputError:
+                with lock:
+                    refused[0] += 1
+            except Exception as e:
+                failures.append(repr(e))
+
+    threads = [threading.Thread(target=serve, args=(w,)) for w in range(3)]
+    threads += [threading.Thread(target=churn), threading.Thread(target=bad_requests)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert (served[0], refused[0]) == (36, 12)
+    assert mod.adapters == ["a", "b", "c"]
+
+
 def test_inactive_adapters_are_not_compiled_in(tmp_path):
     from peft import LoraConfig, get_peft_model
 
