@@ -45,6 +45,7 @@ def compile(model, args=None, *, dynamic_shapes=None, **options):
         custom_kernels: for sm90, the hand-written kernels (True), IREE
           codegen only (False), or "reference": the same rewrites calling the
           kernels' CPU references, built for and run on the CPU.
+        trust_model: load a .pt2 even where torch would unpickle or run code from it.
         verbose: print each stage as it finishes (stderr).
 
     Returns:

@@ -230,7 +230,7 @@ def compile(model, args=None, *, dynamic_shapes=None, options: CompileOptions) -
         first, c = _resume(os.fspath(model), options)
     else:
         first, c = "torch", Compilation(options)
-        program = frontend.export(model, args, dynamic_shapes)
+        program = frontend.export(model, args, dynamic_shapes, trust_model=options.trust_model)
         c.context = new_context()
         imported = frontend.import_program(program, c.context)
         c.module, c.weights, c.mutated = imported.module, imported.weights, imported.mutated

@@ -17,7 +17,6 @@ import dataclasses
 import inspect
 import logging
 import os
-import zipfile
 
 import torch
 from torch.export.graph_signature import InputKind, OutputKind
@@ -26,7 +25,7 @@ from torch_mlir.compiler_utils import OutputType
 from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 from torch_mlir.extras.fx_importer import FxImporter
 
-from stageml.compiler import facts
+from stageml.compiler import facts, model_file
 from stageml.compiler.ir import NAME, Diagnostics, set_arg_attr
 from stageml.errors import CompileError, ModelLoadError
 
@@ -46,31 +45,30 @@ class ImportedProgram:
     mutated: set[str]               # buffers the model mutates (request-time state)
 
 
-def load_exported(path: str) -> torch.export.ExportedProgram:
-    """Loads an ExportedProgram saved with `torch.export.save`."""
+def load_exported(path: str, trust_model: bool = False) -> torch.export.ExportedProgram:
+    """Loads an ExportedProgram saved with `torch.export.save`; one that could run code
+    when loaded (see `model_file`) only with `trust_model`."""
     if not os.path.isfile(path):
         raise ModelLoadError(f"model file {path!r} does not exist: pass the path of a file written by torch.export.save")
-    names = zipfile.ZipFile(path).namelist() if zipfile.is_zipfile(path) else []
-    if any(n.endswith("data.pkl") for n in names) and not any(n.endswith("archive_format") for n in names):
-        raise ModelLoadError(
-            f"{path!r} is a pickled model (torch.save), not an ExportedProgram: "
-            "save it with torch.export.save(torch.export.export(model, args), path)"
-        )
-    logger = logging.getLogger("torch.export")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)  # torch logs a traceback before raising
+    model_file.check_trusted(path, trust_model)
+    # torch logs a traceback before raising, and a warning with a broken format
+    # string where a trusted file needs its weights_only=False fallback
+    loggers = {logger: logger.level for logger in map(logging.getLogger, ("torch.export", "torch._export"))}
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
     try:
         return torch.export.load(path)
     except Exception:
         raise ModelLoadError(f"{path!r} is not an ExportedProgram: write it with torch.export.save") from None
     finally:
-        logger.setLevel(level)
+        for logger, level in loggers.items():
+            logger.setLevel(level)
 
 
-def export(model, args: tuple, dynamic_shapes=None) -> torch.export.ExportedProgram:
+def export(model, args: tuple, dynamic_shapes=None, trust_model: bool = False) -> torch.export.ExportedProgram:
     """`model` (nn.Module, ExportedProgram or .pt/.pt2 path) as an ExportedProgram."""
     if isinstance(model, (str, os.PathLike)):
-        return load_exported(os.fspath(model))
+        return load_exported(os.fspath(model), trust_model)
     if isinstance(model, torch.export.ExportedProgram):
         return model
     if not isinstance(model, torch.nn.Module):
