@@ -5,7 +5,8 @@
 #   (there)  benchmarks/gpu/run_h200.sh out/gpu REPORT_DIR [COMMIT]
 #
 # There it needs python3 with PyTorch (CUDA), CuPy, pytest, transformers and
-# PEFT, and the IREE runtime wheel in .whl/ (README "GPU targets"). First the
+# PEFT, and in .whl/ the IREE runtime wheel and pydantic's (pydantic, pydantic-core,
+# annotated-types, typing-inspection: the manifest schema; README "GPU targets"). First the
 # kernels alone: their checks (pytest -m gpu tests/test_kernels_gpu.py,
 # against float64 PyTorch) and timings (kernel_check.py: CUDA events, against
 # cuBLAS), then the residuals (h200.py). Writes REPORT_DIR/h200.md (both
@@ -16,7 +17,7 @@ ART=${1:-out/gpu}
 REPORT=${2:-$ART}
 COMMIT=${3:-unknown}
 mkdir -p "$REPORT" /tmp/pkg
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/iree_base_runtime-*.whl
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 ln -sfn "$PWD" /tmp/pkg/stageml
 export PYTHONPATH=/tmp/pkg:/tmp/site PYTHONUNBUFFERED=1
 status=0
