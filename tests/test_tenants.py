@@ -297,18 +297,36 @@ def test_unknown_adapter_fails_before_any_compute(linear):
 
 # -- threads ----------------------------------------------------------------------
 
+def _concurrently(*workers) -> list:
+    """Runs each worker (a callable taking the shared failure list) in its own
+    thread; returns the failures they recorded and any exception they raised."""
+    failures = []
+
+    def guarded(worker):
+        try:
+            worker(failures)
+        except Exception as e:  # reported by the caller's assert
+            failures.append(repr(e))
+
+    threads = [threading.Thread(target=guarded, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return failures
+
+
 def test_threads_loading_unloading_and_serving_stay_correct(linear):
     mod = stageml.load(linear["path"], adapter_memory_budget=10 << 20, replan_every=16)
     adapters = {n: _factors(20 + s) for s, n in enumerate("abc")}
     for name in "ab":
         mod.load_adapter(name, adapters[name])
     mod.load_adapter("c", adapters["c"])  # 3 adapters, 2 slots: eviction and reloads under load
-    failures, served = [], [0]
-    lock = threading.Lock()
+    served = []
 
     def serve(seed):
-        rng = random.Random(seed)
-        try:
+        def work(failures):
+            rng = random.Random(seed)
             for _ in range(60):
                 pair = rng.sample("abc", 2)
                 names = [rng.choice(pair + [None]) for _ in range(rng.randint(1, 4))]
@@ -318,32 +336,22 @@ def test_threads_loading_unloading_and_serving_stay_correct(linear):
                     expected = _expect(linear, None if name is None else adapters[name], x[i:i + 1])
                     if rel_err(y[i:i + 1], expected) > 1e-4:
                         failures.append((name, rel_err(y[i:i + 1], expected)))
-                with lock:
-                    served[0] += 1
-        except Exception as e:  # reported below
-            failures.append(repr(e))
+                served.append(1)
+        return work
 
-    def churn():
-        try:
-            for i in range(20):
-                name = f"tmp{i}"
-                mod.load_adapter(name, _factors(100 + i))
-                y = mod(np.ones((1, 64), np.float32), adapter=name)
-                if rel_err(y, _expect(linear, _factors(100 + i), np.ones((1, 64), np.float32))) > 1e-4:
-                    failures.append(name)
-                with pytest.raises(AdapterError):
-                    mod.load_adapter(name, {A: torch.zeros(9, 64), B: torch.zeros(48, 9)})
-                mod.unload_adapter(name)
-        except Exception as e:
-            failures.append(repr(e))
+    def churn(failures):
+        for i in range(20):
+            name = f"tmp{i}"
+            mod.load_adapter(name, _factors(100 + i))
+            y = mod(np.ones((1, 64), np.float32), adapter=name)
+            if rel_err(y, _expect(linear, _factors(100 + i), np.ones((1, 64), np.float32))) > 1e-4:
+                failures.append(name)
+            with pytest.raises(AdapterError):
+                mod.load_adapter(name, {A: torch.zeros(9, 64), B: torch.zeros(48, 9)})
+            mod.unload_adapter(name)
 
-    threads = [threading.Thread(target=serve, args=(s,)) for s in range(4)] + [threading.Thread(target=churn)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert failures == []
-    assert served[0] == 240
+    assert _concurrently(*[serve(s) for s in range(4)], churn) == []
+    assert len(served) == 240
     assert mod.adapters == ["a", "b", "c"]
 
 
@@ -395,57 +403,41 @@ def test_stress_mixed_tenants_churn_and_bad_requests(llama):
     torch.manual_seed(seed)
     pool = [torch.randint(0, 128, (1, 6)) for _ in range(6)]
     expected = {(i, n): _llama_reference(llama, n, x) for i, x in enumerate(pool) for n in ["a", "b", "c", None]}
-    failures, refused, served = [], [0], [0]
-    lock = threading.Lock()
+    served, refused = [], []
 
     def serve(worker):
-        rng = random.Random(seed + worker)
-        try:
+        def work(failures):
+            rng = random.Random(seed + worker)
             for _ in range(12):
                 rows = [(rng.randrange(len(pool)), rng.choice(["a", "b", "c", None])) for _ in range(rng.randint(1, 5))]
                 y = mod.run_batch(torch.cat([pool[i] for i, _ in rows]), [n for _, n in rows])
                 for r, key in enumerate(rows):
                     if rel_err(y[r:r + 1], expected[key]) > 1e-4:
                         failures.append((key, rel_err(y[r:r + 1], expected[key])))
-                with lock:
-                    served[0] += 1
-        except Exception as e:  # reported below
-            failures.append(repr(e))
+                served.append(1)
+        return work
 
-    def churn():
-        try:
-            for i in range(6):
-                mod.load_adapter(f"tmp{i}", str(llama["root"] / "bc"[i % 2]))
-                mod.unload_adapter(f"tmp{i}")
-        except Exception as e:
-            failures.append(repr(e))
+    def churn(failures):
+        for i in range(6):
+            mod.load_adapter(f"tmp{i}", str(llama["root"] / "bc"[i % 2]))
+            mod.unload_adapter(f"tmp{i}")
 
-    def bad_requests():
+    def bad_requests(failures):
         rng = random.Random(seed - 1)
         for _ in range(12):
             ids = torch.randint(0, 128, (2, 6))
             ids[rng.randrange(2), rng.randrange(6)] = rng.choice([128, -1, 10**9, -(10**12)])
-            shape_bad = rng.random() < 0.3
             try:
-                if shape_bad:
+                if rng.random() < 0.3:
                     mod.run_batch(torch.zeros(1, 80, dtype=torch.int64), ["a"])
                 else:
                     mod.run_batch(ids, ["a", "c"])
                 failures.append("a bad request was served")
             except InputError:
-                with lock:
-                    refused[0] += 1
-            except Exception as e:
-                failures.append(repr(e))
+                refused.append(1)
 
-    threads = [threading.Thread(target=serve, args=(w,)) for w in range(3)]
-    threads += [threading.Thread(target=churn), threading.Thread(target=bad_requests)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert failures == []
-    assert (served[0], refused[0]) == (36, 12)
+    assert _concurrently(*[serve(w) for w in range(3)], churn, bad_requests) == []
+    assert (len(served), len(refused)) == (36, 12)
     assert mod.adapters == ["a", "b", "c"]
 
 
