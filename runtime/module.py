@@ -82,6 +82,13 @@ def _check_cpu(manifest: dict, path: str) -> None:
                             "CPU both machines share (e.g. --cpu x86-64-v3)")
 
 
+def _path(path) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise ArtifactError(f"a residual is loaded from the path of its .vmfb, not a {type(path).__name__}: pass the "
+                            "path stagemlc or Artifact.save wrote")
+    return os.fspath(path)
+
+
 def _described(module, vmfb_path: str) -> tuple[list, dict | None]:
     """(the entry points the module describes itself, its multi-tenant configuration or None),
     from its functions' reflection (compiler/passes/entry_reflection.py)."""
@@ -123,7 +130,7 @@ class ResidualModule:
     and passed to every @forward call."""
 
     def __init__(self, path: str, device: str | None = None):
-        path = os.fspath(path)
+        path = _path(path)
         checked, self.manifest = manifests.read(path)
         device = device or checked.device
         _check_cpu(self.manifest, path)
@@ -229,8 +236,11 @@ def load(path: str, device: str | None = None, **serving) -> ResidualModule:
         adapter_memory_budget (bytes, None: unlimited), policy ("auto",
         "merged" or "factorized"), replan_every (calls between re-plans).
     """
-    if manifests.read(os.fspath(path))[0].tenants is not None:
-        from stageml.runtime.tenants import TenantModule
+    if manifests.read(_path(path))[0].tenants is not None:
+        from stageml.runtime.tenants import SERVING, TenantModule
+        unknown = sorted(set(serving) - set(SERVING))
+        if unknown:
+            raise ArtifactError(f"unknown serving option {unknown[0]!r}: choose from {', '.join(SERVING)}")
         return TenantModule(path, device, **serving)
     if serving:
         raise ArtifactError(f"{', '.join(serving)} apply to multi-tenant residuals only: compile with max_adapters")

@@ -36,6 +36,7 @@ from stageml.runtime import peft_adapter
 from stageml.runtime.module import ResidualModule, as_outputs, numpy_dtype
 
 POLICIES = ("auto", "merged", "factorized")
+SERVING = ("adapter_memory_budget", "policy", "replan_every")  # stageml.load's options for these modules
 
 
 @dataclasses.dataclass
@@ -54,8 +55,14 @@ class TenantModule(ResidualModule):
     """A multi-tenant residual (compiled with max_adapters). See the module doc."""
 
     def __init__(self, path, device=None, adapter_memory_budget=None, policy="auto", replan_every=64):
-        if policy not in POLICIES:
+        if not isinstance(policy, str) or policy not in POLICIES:
             raise AdapterError(f"unknown adapter policy {policy!r}: choose one of {', '.join(POLICIES)}")
+        if adapter_memory_budget is not None and (not isinstance(adapter_memory_budget, int) or
+                                                  isinstance(adapter_memory_budget, bool) or adapter_memory_budget < 0):
+            raise AdapterError(f"adapter_memory_budget is {adapter_memory_budget!r}: pass a number of bytes (an int "
+                               "of at least 0) or None for no limit")
+        if not isinstance(replan_every, int) or isinstance(replan_every, bool) or replan_every < 1:
+            raise AdapterError(f"replan_every is {replan_every!r}: pass a number of calls, at least 1")
         super().__init__(path, device)
         tenants = self.tenants
         self._sites = tenants["sites"]
@@ -125,7 +132,7 @@ class TenantModule(ResidualModule):
             del self._adapters[name]
 
     def _known(self, name) -> _Adapter:
-        if name not in self._adapters:
+        if not isinstance(name, str) or name not in self._adapters:
             raise AdapterError(f"unknown adapter {name!r}: load it with mod.load_adapter({name!r}, ...) first")
         return self._adapters[name]
 
@@ -210,14 +217,21 @@ class TenantModule(ResidualModule):
 
     def __call__(self, *inputs, adapter=None):
         """The residual with one adapter (None: the base model) for every row."""
-        return self.run_batch(inputs, [adapter] * (len(inputs[0]) if inputs else 0))
+        arrays = self._check_inputs(inputs)
+        return self.run_batch(arrays, [adapter] * (arrays[0].shape[0] if arrays and arrays[0].ndim else 0))
 
     def run_batch(self, inputs, adapters: list):
         """One call for a batch whose row i uses `adapters[i]` (None: the base model).
 
         `inputs` is the forward input (or a tuple of them), rows leading."""
         arrays = self._check_inputs(inputs if isinstance(inputs, (tuple, list)) else (inputs,))
+        if isinstance(adapters, (str, bytes)) or not hasattr(adapters, "__iter__"):
+            raise InputError(f"run_batch takes a list of adapter names (one per row), not {type(adapters).__name__}: "
+                             "pass e.g. ['tenant-a', None]")
         adapters = list(adapters)
+        for name in adapters:
+            if name is not None and not isinstance(name, str):
+                raise AdapterError(f"adapter {name!r} is not a name: pass adapter names (strings) or None for the base model")
         if any(a.ndim == 0 or a.shape[0] != len(adapters) for a in arrays):
             raise InputError(f"run_batch got {len(adapters)} adapter names for inputs of "
                              f"{[a.shape[0] if a.ndim else 0 for a in arrays]} rows: pass one name (or None) per row")

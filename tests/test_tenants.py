@@ -295,6 +295,30 @@ def test_unknown_adapter_fails_before_any_compute(linear):
         stageml.load(linear["path"], policy="greedy")
 
 
+@pytest.mark.parametrize("options, match", [
+    ({"replan_every": 0}, "replan_every is 0"), ({"adapter_memory_budget": "1G"}, "adapter_memory_budget is '1G'"),
+    ({"adapter_memory_budget": -1}, "adapter_memory_budget is -1"), ({"policy": None}, "unknown adapter policy None"),
+    ({"budget": 10}, "unknown serving option 'budget'")])
+def test_bad_serving_options(linear, options, match):
+    with pytest.raises(stageml.StageMLError, match=match):
+        stageml.load(linear["path"], **options)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda m: m(object(), adapter=None), "input 'args_0' has shape \\[\\] object"),
+    (lambda m: m(np.float32(3)), "input 'args_0' has shape \\[\\] float32"),
+    (lambda m: m(np.zeros((1, 64), np.float32), adapter=["a"]), r"adapter \['a'\] is not a name"),
+    (lambda m: m.run_batch(np.zeros((1, 64), np.float32), None), "run_batch takes a list of adapter names"),
+    (lambda m: m.run_batch(np.zeros((1, 64), np.float32), "a"), "run_batch takes a list of adapter names"),
+    (lambda m: m(np.zeros((257, 64), np.float32)), "has 257 along dimension 0, outside the exported range 0..256"),
+    (lambda m: stageml.load(None), "not a NoneType")])
+def test_bad_calls_are_stageml_errors(linear, call, match):
+    mod = stageml.load(linear["path"])
+    with pytest.raises(stageml.StageMLError, match=match):
+        call(mod)
+    assert mod(np.zeros((1, 64), np.float32)).shape == (1, 48)  # and the module keeps working
+
+
 # -- threads ----------------------------------------------------------------------
 
 def _concurrently(*workers) -> list:
