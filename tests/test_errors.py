@@ -1,7 +1,8 @@
-"""Bad input: each a StageMLError with one sentence; the CLI exits 1 with one line."""
+"""Bad input: each a StageMLError with one sentence; the CLI exits 1 with one line (2 for usage, 3 for a bug)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -12,6 +13,7 @@ from torch.export import Dim
 
 import stageml
 from models import MLP
+from stageml.tools import stagemlc
 
 STAGEMLC = [sys.executable, "-m", "stageml.tools.stagemlc"]
 
@@ -87,12 +89,13 @@ def test_truncated_irpa(mlp_artifact, tmp_path):
     irpa = f"{stem}.irpa"
     with open(irpa, "r+b") as f:
         f.truncate(os.path.getsize(irpa) // 2)
-    with pytest.raises(stageml.StageMLError, match="corrupt or truncated"):
+    with pytest.raises(stageml.StageMLError,
+                       match=r"parameter archive .* does not match its manifest \(its size or SHA-256"):
         stageml.load(f"{stem}.vmfb")
 
 
 @pytest.mark.parametrize("damage,message", [
-    ("missing-json", "manifest .* is missing"), ("bad-json", "manifest .* is corrupt"),
+    ("missing-json", "manifest .* is missing"), ("bad-json", "manifest .* is unreadable or not JSON"),
     ("missing-vmfb", "module .* is missing"), ("bad-vmfb", "module .* is corrupt")])
 def test_damaged_artifacts(mlp_artifact, tmp_path, damage, message):
     stem = _copy_artifact(mlp_artifact[1], tmp_path)
@@ -153,3 +156,179 @@ def test_residual_for_a_cpu_with_more_features_is_refused(tmp_path):
         json.dump(manifest, f)
     with pytest.raises(stageml.StageMLError, match="compiled for CPU 'future-cpu', whose features avx10.9 this CPU lacks"):
         stageml.load(path)
+
+
+# -- stagemlc: every user mistake one line and exit 1 (2 for usage), bugs exit 3 ------
+
+def _main(capsys, *args) -> tuple:
+    """(exit status, stderr lines) of stagemlc.main(args)."""
+    code = stagemlc.main([str(a) for a in args])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return code, err.strip().splitlines()
+
+
+def _main_error(capsys, *args) -> str:
+    code, lines = _main(capsys, *args)
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("stagemlc: error: "), (code, lines)
+    return lines[0]
+
+
+def _usage_error(capsys, *args) -> str:
+    code, lines = _main(capsys, *args)
+    assert code == 2 and lines[0].startswith("usage: stagemlc") and lines[-1].startswith("stagemlc: error: "), lines
+    assert sum(line.startswith("stagemlc: error: ") for line in lines) == 1
+    return lines[-1]
+
+
+def _damage(path, kind):
+    data = open(path, "rb").read()
+    if kind == "random":
+        return np.random.default_rng(0).bytes(5000)
+    if kind == "truncated":
+        return data[:len(data) // 2]
+    if kind == "empty":
+        return b""
+    if kind == "central-directory":  # the zip's central directory overwritten
+        at = data.rfind(b"PK\x01\x02")
+        return data[:at] + b"\xff" * 46 + data[at + 46:]
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["random", "truncated", "empty", "central-directory", "directory", "missing"])
+def test_cli_corrupt_model_file(mlp_artifact, tmp_path, capsys, kind):
+    path = tmp_path / "model.pt2"
+    if kind == "directory":
+        path.mkdir()
+    elif kind != "missing":
+        path.write_bytes(_damage(mlp_artifact[0] / "mlp.pt2", kind))
+    line = _main_error(capsys, path, "-o", tmp_path / "out.vmfb", "-q")
+    assert repr(str(path)) in line
+
+
+@pytest.mark.parametrize("stage, message", [
+    ("x=adapter", "stage glob 'x' makes forward input 'x' adapter, but a forward input is known only per request"),
+    ("x=static", "makes forward input 'x' static"),
+    ("*=static", "stage glob '\\*' makes forward input 'x' static"),
+    ("x", "stage option 'x' is not GLOB=TIME"),
+    ("=adapter", "stage option '=adapter' is not GLOB=TIME"),
+    ("x=foo", "unknown binding time 'foo'"),
+    ("x=", "unknown binding time ''"),
+    ("nothing*=static", "stage glob 'nothing\\*' matches no parameter, buffer or input"),
+])
+def test_cli_bad_stage_options(mlp_artifact, tmp_path, capsys, stage, message):
+    line = _main_error(capsys, mlp_artifact[0] / "mlp.pt2", "-o", tmp_path / "out.vmfb", "--stage", stage, "-q")
+    assert re.search(message, line), line
+
+
+def test_stage_spec_for_a_forward_input_is_refused(mlp_artifact):
+    from stageml.compiler import stage_spec
+    from stageml.errors import StageSpecError
+
+    with pytest.raises(StageSpecError, match="forward input 'x' adapter"):
+        stageml.compile(str(mlp_artifact[0] / "mlp.pt2"), stages={"x": "adapter"}, emit="torch")
+    names, weights = ["fc.weight", "lora_A_in"], {"fc.weight"}
+    assert stage_spec.resolve(names, weights)["lora_A_in"].label == "dynamic"  # an input, whatever its name
+    # Weights unknown (stageml-opt on an IR file): PEFT's names are adapter-time and any glob may set any time.
+    times = stage_spec.resolve(["fc.lora_A.weight", "x"], set(), [("x", "static")])
+    assert [t.label for t in times.values()] == ["adapter", "static"]
+    for spec, match in [({1: "static"}, "stage spec entry \\(1, 'static'\\) is not a \\(glob, time\\) pair"),
+                        ("fc.*=static", "stage spec 'fc.\\*=static' is a string"),
+                        (["fc.*=static"], "is not a \\(glob, time\\) pair"), (3, "is not a dict or list")]:
+        with pytest.raises(StageSpecError, match=match):
+            stage_spec.resolve(names, weights, spec)
+
+
+def test_cli_refuses_to_overwrite_the_model(mlp_artifact, tmp_path, capsys):
+    model = tmp_path / "model.pt2"
+    model.write_bytes((mlp_artifact[0] / "mlp.pt2").read_bytes())
+    for emit in ("torch", "bt", "split", "linalg", "iree"):
+        line = _main_error(capsys, model, "-o", model, "--emit", emit)
+        assert f"output '{model}' would overwrite the input model '{model}': choose another -o" in line
+    os.symlink(model, tmp_path / "link.mlir")
+    assert "would overwrite the input model" in _main_error(capsys, model, "-o", tmp_path / "link.mlir", "--emit", "bt")
+    # A .vmfb's siblings: -o model.vmfb writes model.json and model.irpa beside it.
+    for sibling in ("model.json", "model.irpa"):
+        os.replace(model, tmp_path / sibling)
+        model = tmp_path / sibling
+        line = _main_error(capsys, model, "-o", tmp_path / "model.vmfb")
+        assert f"output '{model}' would overwrite the input model" in line
+    assert model.read_bytes() == (mlp_artifact[0] / "mlp.pt2").read_bytes()
+
+
+def test_cli_output_paths(mlp_artifact, tmp_path, capsys):
+    model = mlp_artifact[0] / "mlp.pt2"
+    (tmp_path / "dir.vmfb").mkdir()
+    (tmp_path / "file").write_text("x")
+    line = _main_error(capsys, model, "-o", tmp_path / "dir.vmfb")
+    assert f"output '{tmp_path / 'dir.vmfb'}' is a directory" in line
+    line = _main_error(capsys, model, "-o", tmp_path / "file" / "out.vmfb")
+    assert f"'{tmp_path / 'file'}' is a file, not a directory" in line
+    for dump in (tmp_path / "file", tmp_path / "file" / "sub"):
+        line = _main_error(capsys, model, "-o", tmp_path / "out.vmfb", "--dump-stages", dump)
+        assert f"--dump-stages '{dump}' cannot be a directory: '{tmp_path / 'file'}' is a file" in line
+    # The driver's own check (the Python API): its dump is write_files, which raises OutputError.
+    with pytest.raises(stageml.StageMLError, match=f"cannot write '{tmp_path / 'file'}'"):
+        stageml.compile(str(model), emit="torch", dump_dir=str(tmp_path / "file"))
+
+
+class _FakeArtifact:
+    report = None
+    mlir = {"torch": "module {}\n"}
+
+
+def test_cli_text_output_is_written_whole(tmp_path, capsys, monkeypatch):
+    from stageml.compiler import driver
+
+    seen = []
+    monkeypatch.setattr(driver, "compile", lambda model, options: seen.append(options) or _FakeArtifact())
+    out = tmp_path / "a" / "model.torch.mlir"
+    assert _main(capsys, "m.pt2", "-o", out, "--emit", "torch", "-q") == (0, [])
+    assert out.read_text() == "module {}\n" and os.listdir(out.parent) == ["model.torch.mlir"]
+    assert seen[-1].trust_model is False
+    assert _main(capsys, "m.pt2", "-o", out, "--emit", "torch", "-q", "--trust-model") == (0, [])
+    assert seen[-1].trust_model is True
+    if os.path.isdir("/proc/self"):  # a directory no one can create entries in
+        assert "cannot write" in _main_error(capsys, "m.pt2", "-o", "/proc/stageml-test/x.mlir", "--emit", "torch")
+
+
+def test_cli_internal_error_is_one_line_and_exit_3(capsys, monkeypatch):
+    from stageml.compiler import driver
+
+    def broken(model, options):
+        raise KeyError("boom")
+
+    monkeypatch.setattr(driver, "compile", broken)
+    code, lines = _main(capsys, "m.pt2", "-q")
+    assert code == 3 and len(lines) == 1
+    assert lines[0].startswith("stagemlc: internal error") and "KeyError: 'boom'" in lines[0]
+    assert "STAGEML_TRACEBACK=1" in lines[0]
+    monkeypatch.setenv("STAGEML_TRACEBACK", "1")
+    assert stagemlc.main(["m.pt2", "-q"]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback") and "KeyError: 'boom'" in err
+
+
+def test_cli_numeric_options_and_usage(mlp_artifact, tmp_path, capsys):
+    model = mlp_artifact[0] / "mlp.pt2"
+    out = tmp_path / "t.vmfb"
+    assert "max_adapters (-1) and max_rank (16) must be at least 1" in _main_error(capsys, model, "-o", out,
+                                                                                   "--max-adapters", "-1")
+    line = _main_error(capsys, model, "-o", out, "--max-adapters", "2", "--max-rank", "0")
+    assert "--max-rank 0 is not a rank" in line
+    assert "--max-rank applies only with --max-adapters" in _usage_error(capsys, model, "--max-rank", "0")
+    assert "argument --max-adapters: invalid int value: 'x'" in _usage_error(capsys, model, "--max-adapters", "x")
+    assert "the following arguments are required: model" in _usage_error(capsys)
+    assert "unrecognized arguments: --nope" in _usage_error(capsys, model, "--nope")
+    assert "invalid choice: 'tpu'" in _usage_error(capsys, model, "--target", "tpu")
+    assert stagemlc.main(["--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "exit status: 0 success; 1 an error in the input" in help_text and "STAGEML_TRACEBACK=1" in help_text
+    assert "--trust-model load a .pt2 even if that needs an unrestricted unpickle" in help_text
+
+
+def test_cli_usage_error_in_a_process():
+    result = subprocess.run(STAGEMLC + ["model.pt2", "--max-adapters", "many"], capture_output=True, text=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == "stagemlc: error: argument --max-adapters: invalid int value: 'many'"

@@ -1,24 +1,38 @@
 """stagemlc: compile an exported PyTorch model into a staged residual.
 
     stagemlc model.pt2 -o out/residual.vmfb
-    stagemlc out/dump/model.split.mlir -o out/residual.vmfb    # start at a dumped stage [--stage GLOB=TIME]... [--emit STAGE]
-             [--dump-stages DIR] [--target cpu|cuda|sm90] [--cpu NAME] [--no-custom-kernels] [--no-lora-merge]
-             [--max-adapters N [--max-rank R]] [-q]
+    stagemlc out/dump/model.split.mlir -o out/residual.vmfb    # start at a dumped stage
+             [--stage GLOB=TIME]... [--emit STAGE] [--dump-stages DIR] [--target cpu|cuda|sm90]
+             [--cpu NAME] [--no-custom-kernels] [--no-lora-merge] [--max-adapters N [--max-rank R]]
+             [--trust-model] [-q]
+
+Exit status: 0 success; 1 a problem with the input (model file, stage spec,
+options, output path): one line `stagemlc: error: ...` naming it and the fix;
+2 a usage error (unknown or malformed arguments); 3 an internal error, a bug
+in StageML: one line with the exception, and STAGEML_TRACEBACK=1 in the
+environment prints its traceback.
 """
 
 import argparse
 import os
 import sys
+import traceback
 import warnings
 
 from stageml.compiler.options import EMITS, CompileOptions
 from stageml.compiler.stage_spec import parse_stage_option
 from stageml.compiler.targets import TARGETS
-from stageml.errors import StageMLError
+from stageml.errors import CompileError, OutputError, StageMLError
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+TRACEBACK_ENV = "STAGEML_TRACEBACK"
+
+EPILOG = ("exit status: 0 success; 1 an error in the input (one line 'stagemlc: error: ...'); "
+          f"2 a usage error; 3 an internal error (a bug: rerun with {TRACEBACK_ENV}=1 to see its traceback)")
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="stagemlc", description=__doc__.splitlines()[0])
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stagemlc", description=__doc__.splitlines()[0], epilog=EPILOG)
     parser.add_argument("model", help="a .pt/.pt2 file written by torch.export.save, or a stage file "
                                       "--dump-stages wrote (model.split.mlir, ...) to start there")
     parser.add_argument("-o", "--output", default="residual.vmfb", help="the residual .vmfb (.irpa and .json go beside it)")
@@ -36,34 +50,133 @@ def main(argv=None) -> int:
     parser.add_argument("--no-lora-merge", action="store_true", help="keep LoRA factors unmerged in the residual")
     parser.add_argument("--max-adapters", type=int, metavar="N",
                         help="compile for multi-tenant serving: N adapter slots (needs a PEFT LoRA model)")
-    parser.add_argument("--max-rank", type=int, default=16, metavar="R",
+    parser.add_argument("--max-rank", type=int, metavar="R",
                         help="with --max-adapters: the highest LoRA rank an adapter may have (default 16)")
+    parser.add_argument("--trust-model", action="store_true",
+                        help="load a .pt2 even if that needs an unrestricted unpickle (it can run any code in the "
+                             "file); only for files you trust")
     parser.add_argument("-q", "--quiet", action="store_true", help="print no progress or report")
-    args = parser.parse_args(argv)
-    warnings.simplefilter("ignore")  # torch's and transformers' deprecation noise
+    return parser
+
+
+def _same_file(a: str, b: str) -> bool:
+    if os.path.abspath(a) == os.path.abspath(b):
+        return True
     try:
-        from stageml.compiler.driver import compile as compile_model
-        stages = [parse_stage_option(s) for s in args.stage]
-        options = CompileOptions(stages=tuple(stages), target=args.target, cpu=args.cpu, emit=args.emit,
-                                 dump_dir=args.dump_stages, merge_lora=not args.no_lora_merge,
-                                 max_adapters=args.max_adapters, max_rank=args.max_rank,
-                                 custom_kernels=not args.no_custom_kernels, verbose=not args.quiet)
-        art = compile_model(args.model, options=options)
+        return os.path.samefile(a, b)
+    except OSError:  # either does not exist (yet)
+        return False
+
+
+def _outputs(args) -> list:
+    """The files the compile will write: -o, and for a .vmfb its .irpa and .json."""
+    if args.emit != "vmfb":
+        return [args.output]
+    directory, name = os.path.split(os.path.abspath(args.output))
+    stem = name[:-5] if name.endswith(".vmfb") else name
+    return [os.path.join(directory, stem + ext) for ext in (".vmfb", ".irpa", ".json")]
+
+
+def _file_in_the_way(directory: str):
+    """The nearest existing ancestor of `directory` (itself included) if it is not a directory."""
+    path = os.path.abspath(directory)
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
+    return None if os.path.isdir(path) else path
+
+
+def _check_outputs(args) -> None:
+    """Refuses, before any work, outputs that would overwrite the input model,
+    that are directories, or that lie below a file."""
+    for path in _outputs(args):
+        if _same_file(path, args.model):
+            raise OutputError(f"output {path!r} would overwrite the input model {args.model!r}: "
+                              "choose another -o")
+        if os.path.isdir(path):
+            raise OutputError(f"output {path!r} is a directory: pass a file path as -o")
+    blocked = _file_in_the_way(os.path.dirname(os.path.abspath(args.output)))
+    if blocked is not None:
+        raise OutputError(f"output {args.output!r} cannot be written: {blocked!r} is a file, not a directory; "
+                          "choose another -o")
+    if args.dump_stages is not None:
+        blocked = _file_in_the_way(args.dump_stages)
+        if blocked is not None:
+            raise OutputError(f"--dump-stages {args.dump_stages!r} cannot be a directory: {blocked!r} is a file; "
+                              "pass a directory (it is made if missing)")
+
+
+def _options(args) -> CompileOptions:
+    if args.max_rank is not None and args.max_rank < 1:
+        raise CompileError(f"--max-rank {args.max_rank} is not a rank: pass a positive integer (default 16)")
+    stages = [parse_stage_option(s) for s in args.stage]
+    return CompileOptions(stages=tuple(stages), target=args.target, cpu=args.cpu, emit=args.emit,
+                          dump_dir=args.dump_stages, merge_lora=not args.no_lora_merge,
+                          max_adapters=args.max_adapters, max_rank=16 if args.max_rank is None else args.max_rank,
+                          custom_kernels=not args.no_custom_kernels, trust_model=args.trust_model,
+                          verbose=not args.quiet)
+
+
+def _write(args, art) -> str:
+    """Writes the compile's output to -o; returns the path of the main file."""
+    from stageml.files import write_file
+    try:
         if args.emit == "vmfb":
-            path = art.save(args.output)
-        else:
-            os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-            with open(args.output, "w") as f:
-                f.write(art.mlir[args.emit])
-            path = args.output
-    except StageMLError as e:
-        print(f"stagemlc: error: {e}", file=sys.stderr)
-        return 1
+            return art.save(args.output)
+        write_file(args.output, art.mlir[args.emit])
+        return args.output
+    except OSError as e:
+        raise OutputError(f"cannot write {e.filename or args.output!r} ({e.strerror or e}): "
+                          "choose a writable output path") from None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def _run(args) -> int:
+    options = _options(args)
+    _check_outputs(args)
+    from stageml.compiler.driver import compile as compile_model
+    art = compile_model(args.model, options=options)
+    path = _write(args, art)
     if not args.quiet:
         if art.report is not None:
             print(art.report)
         print(f"wrote {path}")
-    return 0
+    return EXIT_OK
+
+
+def main(argv=None) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # a usage error (2), or --help (0)
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    if args.max_rank is not None and args.max_adapters is None:
+        parser.print_usage(sys.stderr)
+        print("stagemlc: error: --max-rank applies only with --max-adapters: add --max-adapters N or drop it",
+              file=sys.stderr)
+        return EXIT_USAGE
+    warnings.simplefilter("ignore")  # torch's and transformers' deprecation noise
+    try:
+        return _run(args)
+    except StageMLError as e:
+        print(f"stagemlc: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("stagemlc: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+            traceback.print_exc()
+        message = _one_line(e)
+        print(f"stagemlc: internal error (a bug in StageML): {type(e).__name__}"
+              f"{': ' + message if message else ''}; rerun with {TRACEBACK_ENV}=1 to see the traceback, "
+              "and report it", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":
