@@ -32,26 +32,25 @@ def write_files(files: list) -> None:
     """Writes [(path, write)], `write(temporary path)` making each file's
     contents, and renames them into place in the order given."""
     files = [(os.path.abspath(path), write) for path, write in files]
-    temps = []
+    temps, path = [], files[0][0]
     try:
         for path, write in files:
+            if os.path.isdir(path):
+                raise IsADirectoryError(21, "it is a directory")
             os.makedirs(os.path.dirname(path), exist_ok=True)
             temps.append(_temporary(path))
             write(temps[-1])
             _fsync(temps[-1])
+        for (path, _), temp in zip(files, list(temps)):
+            os.replace(temp, path)
+            temps.remove(temp)
+        for directory in dict.fromkeys(os.path.dirname(p) for p, _ in files):
+            _fsync(directory)
     except OSError as e:
-        for temp in temps:
+        raise OutputError(f"cannot write {path!r} ({e.strerror or e}): choose a writable output path") from None
+    finally:
+        for temp in temps:  # those not renamed into place
             _remove(temp)
-        where = e.filename if isinstance(e.filename, str) else files[len(temps) - 1][0] if temps else files[0][0]
-        raise OutputError(f"cannot write {where!r} ({e.strerror or e}): choose a writable output path") from None
-    except BaseException:
-        for temp in temps:
-            _remove(temp)
-        raise
-    for (path, _), temp in zip(files, temps):
-        os.replace(temp, path)
-    for directory in dict.fromkeys(os.path.dirname(p) for p, _ in files):
-        _fsync(directory)
 
 
 def write_file(path: str, data: bytes | str) -> None:

@@ -180,7 +180,11 @@ def _load_tensors(path: str) -> dict:
     if not os.path.isfile(path):
         raise ModelLoadError(f"{path!r} is missing: a compile from a dumped stage needs the tensors "
                              "--dump-stages wrote beside it")
-    return load_file(path)
+    try:
+        return load_file(path)
+    except Exception as e:  # safetensors' own error type, OSError, ...
+        raise ModelLoadError(f"{path!r} cannot be read ({str(e).strip().splitlines()[0]}): dump the stages "
+                             "again with --dump-stages") from None
 
 
 def _resume(path: str, options: CompileOptions) -> tuple:

@@ -49,7 +49,8 @@ def load_exported(path: str, trust_model: bool = False) -> torch.export.Exported
     """Loads an ExportedProgram saved with `torch.export.save`; one that could run code
     when loaded (see `model_file`) only with `trust_model`."""
     if not os.path.isfile(path):
-        raise ModelLoadError(f"model file {path!r} does not exist: pass the path of a file written by torch.export.save")
+        what = "is not a regular file" if os.path.exists(path) else "does not exist"
+        raise ModelLoadError(f"model file {path!r} {what}: pass the path of a file written by torch.export.save")
     model_file.check_trusted(path, trust_model)
     # torch logs a traceback before raising, and a warning with a broken format
     # string where a trusted file needs its weights_only=False fallback
@@ -91,6 +92,7 @@ def _takes_var_args(model) -> bool:
 def _input_dims(program: torch.export.ExportedProgram) -> dict:
     """{forward input: [{"min", "max"} per dimension]}: the export's ranges (a
     dimension without an upper bound has no "max")."""
+    from torch.utils._sympy.numbers import int_oo
     from torch.utils._sympy.value_ranges import bound_sympy
     inputs = {s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT}
     dims = {}
@@ -101,7 +103,8 @@ def _input_dims(program: torch.export.ExportedProgram) -> dict:
         for size in node.meta["val"].shape:
             if isinstance(size, torch.SymInt):
                 bound = bound_sympy(size.node.expr, program.range_constraints)
-                ranges.append({"min": int(bound.lower), **({"max": int(bound.upper)} if bound.upper.is_finite else {})})
+                unbounded = bound.upper == int_oo  # (torch's int_oo says it is finite)
+                ranges.append({"min": int(bound.lower), **({} if unbounded else {"max": int(bound.upper)})})
             else:
                 ranges.append({"min": int(size), "max": int(size)})
         dims[node.name] = ranges

@@ -66,6 +66,10 @@ def inspect_archive(path: str) -> list[str]:
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
+            damaged = archive.testzip()  # torch's reader checks no CRC: a flipped byte would load
+            if damaged is not None:
+                raise ModelLoadError(f"{path!r} is damaged: its entry {damaged!r} fails its checksum; "
+                                     "export and save the model again")
             if any(n.endswith("data.pkl") for n in names) and not any(n.endswith("archive_format") for n in names):
                 raise ModelLoadError(f"{path!r} is a pickled model (torch.save), not an ExportedProgram: "
                                      "save it with torch.export.save(torch.export.export(model, args), path)")

@@ -37,6 +37,9 @@ class CompileOptions:
 
     def __post_init__(self):
         stages = self.stages.items() if isinstance(self.stages, dict) else (self.stages or ())
+        if isinstance(stages, str) or any(not isinstance(p, (tuple, list)) or len(p) != 2 for p in stages):
+            raise CompileError(f"stages is {self.stages!r}: pass {{glob: time}} or [(glob, time), ...], "
+                               "e.g. {'encoder.*': 'adapter'}")
         object.__setattr__(self, "stages", tuple((g, BindingTime.parse(t)) for g, t in stages))
         if self.emit not in EMITS:
             raise CompileError(f"unknown stage {self.emit!r} to emit: choose one of {', '.join(EMITS)}")

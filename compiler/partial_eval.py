@@ -12,6 +12,7 @@ from stageml.compiler import facts
 from stageml.compiler.lowering import compile_module, text
 from stageml.runtime.module import as_numpy, numpy_dtype
 from stageml.compiler.entry_points import describe
+from stageml.errors import ModelLoadError
 
 HOST = ["--iree-llvmcpu-target-cpu=host"]
 
@@ -26,6 +27,10 @@ def evaluate_static(module: ir.Module, weights: dict) -> dict:
         entry = describe(func)
         vmfb = compile_module(text(single), f"@{entry['symbol']}", "llvm-cpu", HOST)
         compiled = iree_rt.load_vm_flatbuffer(vmfb, driver="local-task")
+        missing = [a["name"] for a in entry["arguments"] if a["name"] not in weights]
+        if missing:
+            raise ModelLoadError(f"the weights lack {missing[0]!r}, which @{entry['symbol']} reads: compile from the "
+                                 "model, or keep the weights file --dump-stages wrote beside the stage")
         args = [np.ascontiguousarray(as_numpy(weights[a["name"]]).astype(numpy_dtype(a["dtype"]), copy=False))
                 for a in entry["arguments"]]
         results = getattr(compiled, entry["symbol"])(*args)

@@ -34,14 +34,14 @@ def resolve(names: list[str], weight_names: set[str] | None, spec=None, mutated=
       names: every argument name, in order.
       weight_names: the names that are parameters, buffers or constants
         (static by default); the rest are forward inputs (dynamic), which no
-        glob may make static or adapter-time. Empty or None where they are
-        unknown (stageml-opt on an IR file): then every name counts as an
-        input for the defaults and any glob may set any time.
+        glob may make static or adapter-time. None where they are unknown
+        (stageml-opt on an IR file): then every name counts as an input for
+        the defaults and any glob may set any time.
       spec: {glob: BindingTime | str} or a list of (glob, time) pairs.
       mutated: buffers the model mutates: request-time state, always dynamic.
     """
+    known = weight_names is not None  # which names are forward inputs
     weight_names = weight_names or set()
-    known = bool(weight_names)  # which names are forward inputs
     times = {}
     for name in names:
         if known and name not in weight_names:

@@ -20,6 +20,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from stageml.errors import ArtifactError
 
 FORMAT = "stageml-residual/4"
+# The keys of an entry function's iree.reflection (compiler/passes/entry_reflection.py).
+REFLECTED_ENTRY, REFLECTED_TENANTS = "stageml.entry", "stageml.tenants"
 
 Count = Annotated[int, Field(ge=0, le=1 << 62)]
 Positive = Annotated[int, Field(ge=1, le=1 << 62)]

@@ -92,15 +92,14 @@ def _path(path) -> str:
 def _described(module, vmfb_path: str) -> tuple[list, dict | None]:
     """(the entry points the module describes itself, its multi-tenant configuration or None),
     from its functions' reflection (compiler/passes/entry_reflection.py)."""
-    from stageml.compiler.passes.entry_reflection import ENTRY, TENANTS
     described, tenants = [], None
     try:
         for name in module.function_names:
             reflection = module.lookup_function(name).reflection
-            if ENTRY in reflection:
-                described.append(manifests.EntryPoint.model_validate(json.loads(reflection[ENTRY])))
-            if TENANTS in reflection:
-                tenants = manifests.Tenants.model_validate(json.loads(reflection[TENANTS]))
+            if manifests.REFLECTED_ENTRY in reflection:
+                described.append(manifests.EntryPoint.model_validate(json.loads(reflection[manifests.REFLECTED_ENTRY])))
+            if manifests.REFLECTED_TENANTS in reflection:
+                tenants = manifests.Tenants.model_validate(json.loads(reflection[manifests.REFLECTED_TENANTS]))
     except (ValueError, pydantic.ValidationError):
         raise ArtifactError(f"module {vmfb_path!r} describes its entry points in a form this StageML does not "
                             "read: recompile the model with this StageML") from None

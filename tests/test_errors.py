@@ -332,3 +332,36 @@ def test_cli_usage_error_in_a_process():
     assert result.returncode == 2 and "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last == "stagemlc: error: argument --max-adapters: invalid int value: 'many'"
+
+
+@pytest.mark.parametrize("stages", ["fc1.*=static", [("fc1.*",)], [42]])
+def test_malformed_stage_options(stages):
+    with pytest.raises(stageml.StageMLError, match="pass {glob: time} or"):
+        stageml.CompileOptions(stages=stages)
+
+
+def test_a_model_without_weights_keeps_its_inputs_dynamic():
+    class Double(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    with pytest.raises(stageml.StageMLError, match="makes forward input 'x' static"):
+        stageml.compile(Double(), (torch.randn(2),), stages={"x": "static"})
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "missing tensor"])
+def test_resumed_compile_with_damaged_weights(mlp_artifact, tmp_path, damage):
+    root, _ = mlp_artifact
+    stageml.compile(str(root / "mlp.pt2"), dump_dir=str(tmp_path), emit="split")
+    weights = tmp_path / "model.weights.safetensors"
+    if damage == "corrupt":
+        weights.write_bytes(b"junk")
+        match = "model.weights.safetensors' cannot be read"
+    else:
+        from safetensors.torch import load_file, save_file
+        tensors = load_file(str(weights))
+        del tensors["fc1.weight"]
+        save_file(tensors, str(weights))
+        match = "the weights lack 'fc1.weight'"
+    with pytest.raises(stageml.StageMLError, match=match):
+        stageml.compile(str(tmp_path / "model.split.mlir"))

@@ -194,3 +194,18 @@ def test_pickled_module_is_refused_even_when_trusted(tmp_path):
     torch.save(Buffered(), tmp_path / "pickled.pt")
     with pytest.raises(ModelLoadError, match=r"is a pickled model \(torch.save\), not an ExportedProgram"):
         frontend.load_exported(str(tmp_path / "pickled.pt"), trust_model=True)
+
+
+def test_a_flipped_byte_in_a_stored_weight_is_refused(saved, tmp_path):
+    # torch's reader checks no CRC: without the check a flipped weight byte would compile.
+    with zipfile.ZipFile(saved) as archive:
+        entry = next(i for i in archive.infolist() if "/data/weights/" in i.filename and i.file_size > 16)
+    data = bytearray(pathlib.Path(saved).read_bytes())
+    with open(saved, "rb") as f:  # the entry's bytes start after its local header and name and extra field
+        f.seek(entry.header_offset + 26)
+        name_length, extra_length = (int.from_bytes(f.read(2), "little") for _ in range(2))
+    data[entry.header_offset + 30 + name_length + extra_length + entry.file_size // 2] ^= 0x01
+    damaged = tmp_path / "damaged.pt2"
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError, match=f"its entry '{entry.filename}' fails its checksum"):
+        model_file.check_trusted(str(damaged), True)

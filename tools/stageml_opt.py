@@ -66,7 +66,7 @@ def main(argv=None) -> int:
                 if name == "bt-annotate" and not options.stages:  # the spec's defaults, then --stage
                     names = [facts.facts(f, "arg", i).get("name", f"arg{i}") for f in programs(module.operation)
                              for i in range(len(f.regions[0].blocks[0].arguments))]
-                    stages = stage_spec.resolve(names, set(), [stage_spec.parse_stage_option(s) for s in args.stage])
+                    stages = stage_spec.resolve(names, None, [stage_spec.parse_stage_option(s) for s in args.stage])
                     pipeline[index] = (name, BtAnnotateOptions(tuple(stages.items())))
             if not args.verify_only:
                 run_passes(module, pipeline)

@@ -22,8 +22,7 @@ from iree.compiler import ir
 from stageml.compiler import facts
 from stageml.compiler.entry_points import describe, entry_points_of, tenants
 from stageml.compiler.passes import register
-
-ENTRY, TENANTS = "stageml.entry", "stageml.tenants"
+from stageml.runtime.manifest import REFLECTED_ENTRY as ENTRY, REFLECTED_TENANTS as TENANTS
 
 
 def reflection(func) -> dict:
