@@ -40,6 +40,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import stageml  # noqa: E402
 from iree import runtime as iree_rt  # noqa: E402
+from stageml.files import write_file  # noqa: E402
+from stageml.runtime import manifest as manifests  # noqa: E402
 from stageml.runtime.module import as_numpy  # noqa: E402
 from workloads import LINEAR_LORA, LLAMA_LORA, Linear, Logits, LoraStack, small_llama  # noqa: E402
 
@@ -129,7 +131,8 @@ def stack_model(dtype: str, seed: int) -> LoraStack:
 
 
 def write_archive(model, keys: dict, path: str) -> None:
-    """The parameter archive of `model`: irpa key -> state-dict name in `keys`."""
+    """The parameter archive of `model` (irpa key -> state-dict name in `keys`) at
+    `path`, recorded in the manifest beside it (its size and hash), as a save would."""
     state = model.state_dict()
     index = iree_rt.ParameterIndex()
     for key, name in keys.items():
@@ -138,6 +141,11 @@ def write_archive(model, keys: dict, path: str) -> None:
             value = value.view(np.uint16)
         iree_rt.parameter_index_add_numpy_ndarray(index, key, value)
     index.create_archive_file(path)
+    manifest_path = path[:-5] + ".json"
+    with open(manifest_path) as f:
+        manifest = json.load(f)
+    manifest["files"]["parameters"] = manifests.file_entry(path, os.path.basename(path))
+    write_file(manifest_path, json.dumps(manifest, indent=1))
 
 
 def hbm_floor_us(form: str, tokens: int) -> float:
