@@ -60,3 +60,24 @@ class LoraStack(nn.Module):
     def merged(self) -> list:
         """Each layer's W + s*A@B."""
         return [w + self.scale * (a @ b) for w, a, b in zip(self.weight, self.lora_A, self.lora_B)]
+
+
+class TenantStack(nn.Module):
+    """LoraStack's layers in the form multi-tenant serving compiles: each
+    x@W + s*(x@A^T)@B^T with W [d, d] input-major (nothing to fold) and A
+    [r, d], B [d, r] in PEFT's layout (lora-sites finds them by their names)."""
+
+    def __init__(self, layers=8, d=4096, r=16, scale=0.5):
+        super().__init__()
+        self.scale = scale
+        self.weight = nn.ParameterList([nn.Parameter(nn.init.normal_(torch.empty(d, d), std=d ** -0.5))
+                                        for _ in range(layers)])
+        self.lora_A = nn.ParameterList([nn.Parameter(nn.init.normal_(torch.empty(r, d), std=d ** -0.5))
+                                        for _ in range(layers)])
+        self.lora_B = nn.ParameterList([nn.Parameter(nn.init.normal_(torch.empty(d, r), std=r ** -0.5))
+                                        for _ in range(layers)])
+
+    def forward(self, x):
+        for w, a, b in zip(self.weight, self.lora_A, self.lora_B):
+            x = x @ w + self.scale * ((x @ a.T) @ b.T)
+        return x

@@ -87,10 +87,10 @@ def input_flags(arrays: list, scratch: str, tag: str) -> list:
     return flags
 
 
-def bench_iree(vmfb: str, flags: list) -> float:
-    """Median µs per @forward call of `vmfb` (its .irpa beside it) by iree-benchmark-module."""
+def bench_iree(vmfb: str, flags: list, function: str = "forward") -> float:
+    """Median µs per call of `vmfb`'s `function` (its .irpa beside it) by iree-benchmark-module."""
     done = subprocess.run([BENCH, f"--module={vmfb}", "--device=cuda", f"--parameters=model={vmfb[:-5]}.irpa",
-                           "--function=forward", *flags, "--benchmark_repetitions=5",
+                           f"--function={function}", *flags, "--benchmark_repetitions=5",
                            "--benchmark_report_aggregates_only=true", "--benchmark_format=json"],
                           capture_output=True, text=True)
     if done.returncode != 0:

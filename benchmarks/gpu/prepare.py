@@ -19,6 +19,14 @@ compiled here; h200.py checks and times them there. Written to OUT_DIR:
   linear-tenants-f16-sm90.*, linear.pt and adapters/l{0..7}/
       a PEFT LoRA nn.Linear(1024, 1024) (workloads.LINEAR_LORA) for 8 tenants,
       fed one token per row: its per-row products are the BGMV kernel's.
+  stack-tenants-{f16,bf16}-sm90.vmfb/.json
+      workloads.TenantStack(8 layers, d=4096, r=16) for 32 tenants
+      (max_adapters=32, max_rank=16), its archive rebuilt there like the
+      stacks': the multi-tenant request path peer.py sets against vLLM.
+  vllm_peer/       vLLM 0.33's Triton LoRA ops (lora_shrink, lora_expand and
+      the three modules they share), taken from the vllm==0.33.0 wheel
+      (pip download --no-deps) and set beside vllm_stubs/'s stand-ins for
+      the vLLM modules they import: peer.py's peer. Never committed.
   stageml_sm90.ptx the kernels (as embedded), for kernel_check.py
   artifacts.json   what each artifact is, and the irpa keys of the stacks.
 """
@@ -34,7 +42,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import stageml  # noqa: E402
 from stageml.compiler.sm90 import build  # noqa: E402
-from workloads import LINEAR_LORA, LLAMA_LORA, Linear, Logits, LoraStack, small_llama  # noqa: E402
+from workloads import LINEAR_LORA, LLAMA_LORA, Linear, Logits, LoraStack, TenantStack, small_llama  # noqa: E402
 
 TOKENS = torch.export.Dim("tokens", min=1, max=4096)
 STACK = dict(layers=8, d=4096, r=16)
@@ -109,11 +117,52 @@ def linear_tenants(out: str) -> list:
                  kernels=art.report.custom_kernels)]
 
 
+VLLM = "vllm==0.33.0"
+VLLM_OPS = ("lora_shrink_op", "lora_expand_op", "kernel_utils", "utils", "lora_kernel_metadata")
+
+
+def tenant_stack_artifacts(out: str) -> list:
+    entries = []
+    for tag, dtype in DTYPES.items():
+        torch.manual_seed(0)
+        model = TenantStack(**STACK).to(dtype).eval()
+        name = f"stack-tenants-{tag}-sm90"
+        art = stageml.compile(model, (torch.randn(2, STACK["d"], dtype=dtype),), dynamic_shapes={"x": {0: TOKENS}},
+                              target="sm90", max_adapters=32, max_rank=STACK["r"], verbose=True)
+        if art.report.folded_values:
+            raise SystemExit(f"{name}: {art.report.folded_values} values were folded; "
+                             "peer.py rebuilds the archive from the model's weights only")
+        vmfb = art.save(os.path.join(out, name + ".vmfb"))
+        os.remove(vmfb[:-5] + ".irpa")  # rebuilt on the GPU machine
+        entries.append(dict(name=name, workload="tenant-stack", dtype=tag, target="sm90",
+                            irpa={k: k for k in art.parameters}, kernels=art.report.custom_kernels))
+        del model
+    return entries
+
+
+def vllm_peer(out: str) -> None:
+    """vLLM's Triton LoRA ops from its wheel, beside the stubs, in OUT/vllm_peer."""
+    import subprocess
+    import tempfile
+    import zipfile
+
+    peer = os.path.join(out, "vllm_peer")
+    shutil.rmtree(peer, ignore_errors=True)
+    shutil.copytree(os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_stubs"), peer)
+    with tempfile.TemporaryDirectory() as wheels:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", VLLM, "-d", wheels], check=True)
+        wheel = next(os.path.join(wheels, w) for w in os.listdir(wheels) if w.endswith(".whl"))
+        with zipfile.ZipFile(wheel) as archive:
+            for op in VLLM_OPS:
+                archive.extract(f"vllm/lora/ops/triton_ops/{op}.py", peer)
+
+
 def main() -> None:
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join("out", "gpu")
     os.makedirs(out, exist_ok=True)
     warnings.simplefilter("ignore")
-    entries = llama_artifacts(out) + linear_tenants(out) + stack_artifacts(out)
+    entries = llama_artifacts(out) + linear_tenants(out) + stack_artifacts(out) + tenant_stack_artifacts(out)
+    vllm_peer(out)
     shutil.copy(build.build() / build.PTX, out)
     with open(os.path.join(out, "artifacts.json"), "w") as f:
         json.dump(entries, f, indent=1)

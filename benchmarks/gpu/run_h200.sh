@@ -27,6 +27,7 @@ STAGEML_SM90_PTX="$ART/stageml_sm90.ptx" python3 -m pytest -m gpu -v -rs -p no:c
 python3 benchmarks/gpu/kernel_check.py "$ART/stageml_sm90.ptx" --report "$REPORT/kernels.md" \
   > "$REPORT/kernels.log" 2>&1 || status=1
 python3 benchmarks/gpu/h200.py "$ART" "$REPORT/residuals.md" > "$REPORT/residuals.log" 2>&1 || status=1
+python3 benchmarks/gpu/peer.py "$ART" "$REPORT/peer.md" > "$REPORT/peer.log" 2>&1 || status=1
 {
   echo "# StageML on an H200"
   echo
@@ -34,8 +35,8 @@ python3 benchmarks/gpu/h200.py "$ART" "$REPORT/residuals.md" > "$REPORT/residual
   echo "- $(python3 -c 'import torch, cupy; print(f"torch {torch.__version__}, cupy {cupy.__version__}")'), IREE runtime 3.13.0"
   echo "- commit $COMMIT; artifacts compiled by benchmarks/gpu/prepare.py"
   echo "- checks (each on fresh random inputs against float64):" \
-       "$(( $(count ' PASSED' "$REPORT/kernel-checks.log") + $(count '^PASS' "$REPORT/residuals.log") )) passed," \
-       "$(( $(count ' FAILED' "$REPORT/kernel-checks.log") + $(count '^FAIL' "$REPORT/residuals.log") )) failed"
+       "$(( $(count ' PASSED' "$REPORT/kernel-checks.log") + $(count '^PASS' "$REPORT/residuals.log") + $(count '^PASS' "$REPORT/peer.log") )) passed," \
+       "$(( $(count ' FAILED' "$REPORT/kernel-checks.log") + $(count '^FAIL' "$REPORT/residuals.log") + $(count '^FAIL' "$REPORT/peer.log") )) failed"
   echo
   echo "## Kernels alone, K = N = 4096 (kernel_check.py)"
   echo
