@@ -9,7 +9,8 @@
 # annotated-types, typing-inspection: the manifest schema; README "GPU targets"). First the
 # kernels alone: their checks (pytest -m gpu tests/test_kernels_gpu.py,
 # against float64 PyTorch) and timings (kernel_check.py: CUDA events, against
-# cuBLAS), then the residuals (h200.py). Writes REPORT_DIR/h200.md (both
+# cuBLAS), then the residuals (h200.py), then the multi-tenant stack against
+# vLLM's LoRA kernels (peer.py). Writes REPORT_DIR/h200.md (both
 # tables, the machine and COMMIT) and the full logs beside it; exits 1 if any
 # check failed.
 set -euo pipefail
@@ -48,8 +49,10 @@ python3 benchmarks/gpu/peer.py "$ART" "$REPORT/peer.md" > "$REPORT/peer.log" 2>&
   cat "$REPORT/kernels.md" 2>/dev/null || echo "(kernel_check.py failed: see kernels.log)"
   echo
   cat "$REPORT/residuals.md" 2>/dev/null || echo "(h200.py failed: see residuals.log)"
+  echo
+  cat "$REPORT/peer.md" 2>/dev/null || echo "(peer.py failed: see peer.log)"
 } > "$REPORT/h200.md"
 grep -h ' FAILED' "$REPORT/kernel-checks.log" || true
-grep -h '^FAIL' "$REPORT/residuals.log" || true
+grep -h '^FAIL' "$REPORT/residuals.log" "$REPORT/peer.log" || true
 cat "$REPORT/h200.md"
 exit $status
