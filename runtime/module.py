@@ -1,6 +1,7 @@
 """Loading and calling a compiled residual (.vmfb + .irpa + .json)."""
 
 import json
+import math
 import os
 
 import numpy as np
@@ -21,34 +22,60 @@ def as_numpy(value) -> np.ndarray:
     return np.asarray(value)
 
 
-def _check_input(spec: dict, value) -> np.ndarray:
-    """`value` as the contiguous array input `spec` takes: its shape, dtype, the
-    export's dimension ranges and, for indices, the values the tables allow."""
-    value = as_numpy(value)
+def _is_torch(value) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "__dlpack__")
+
+
+def _check_input(spec: dict, value, device_kind: str):
+    """(`value` as the call passes it to IREE, its shape), after checking it against
+    input `spec`: shape, dtype, the export's dimension ranges and, for indices,
+    the values the tables allow. A torch tensor on the module's own kind of
+    device ("cpu" or "cuda") is passed as it is (DLPack), anything else as a
+    contiguous numpy array."""
+    direct = _is_torch(value) and value.device.type == device_kind
+    if direct:
+        value = value.detach().contiguous()
+        shape, dtype = tuple(value.shape), str(value.dtype).removeprefix("torch.")
+    else:
+        value = as_numpy(value)
+        shape, dtype = value.shape, value.dtype.name
     expected = "[" + ", ".join("?" if d is None else str(d) for d in spec["shape"]) + "] " + spec["dtype"]
-    shape_ok = value.ndim == len(spec["shape"]) and all(
-        d is None or d == s for d, s in zip(spec["shape"], value.shape))
-    if not shape_ok or value.dtype != numpy_dtype(spec["dtype"]):
-        raise InputError(f"input {spec['name']!r} has shape {list(value.shape)} {value.dtype}; "
-                         f"expected {expected}")
-    for axis, (size, bound) in enumerate(zip(value.shape, spec.get("dims", ()))):
+    shape_ok = len(shape) == len(spec["shape"]) and all(d is None or d == s for d, s in zip(spec["shape"], shape))
+    if not shape_ok or dtype != spec["dtype"]:
+        raise InputError(f"input {spec['name']!r} has shape {list(shape)} {dtype}; expected {expected}")
+    for axis, (size, bound) in enumerate(zip(shape, spec.get("dims", ()))):
         if size < bound["min"] or size > bound.get("max", size):
             allowed = f"{bound['min']}..{bound['max']}" if "max" in bound else f"at least {bound['min']}"
             raise InputError(f"input {spec['name']!r} has {size} along dimension {axis}, outside the exported "
                              f"range {allowed}: split the request, or export with a larger Dim max")
     values = spec.get("range")
-    if values is not None and value.size and (value.min() < values["min"] or value.max() > values["max"]):
-        bad = value.min() if value.min() < values["min"] else value.max()
-        raise InputError(f"input {spec['name']!r} holds {bad}, outside {values['min']}..{values['max']} (the rows of "
-                         "the table it indexes): pass indices inside the table, e.g. token ids below the vocabulary size")
-    return np.ascontiguousarray(value)
+    if values is not None and math.prod(shape):
+        low, high = (int(v) for v in (value.aminmax() if direct else (value.min(), value.max())))
+        if low < values["min"] or high > values["max"]:
+            raise InputError(f"input {spec['name']!r} holds {low if low < values['min'] else high}, outside "
+                             f"{values['min']}..{values['max']} (the rows of the table it indexes): pass indices "
+                             "inside the table, e.g. token ids below the vocabulary size")
+    return (value if direct else np.ascontiguousarray(value)), shape
 
 
-def as_outputs(results):
-    """IREE results as numpy arrays (a tuple for several outputs)."""
-    if isinstance(results, (tuple, list)):
-        return tuple(np.asarray(r.to_host()) for r in results)
-    return np.asarray(results.to_host())
+class Request:
+    """A call's checked inputs: `values` (in the residual's input order, for IREE),
+    their `shapes`, and whether results go back as torch tensors (on `device`)
+    or, for numpy inputs, as numpy arrays."""
+
+    def __init__(self, module, values: list, shapes: list, torch_device):
+        self.values, self.shapes, self.torch_device = values, shapes, torch_device
+        self._module = module
+
+    @property
+    def rows(self) -> list:
+        return [s[0] if s else 0 for s in self.shapes]
+
+    def outputs(self, results):
+        """IREE's results as this request returns them (a tuple for several outputs)."""
+        results = tuple(results) if isinstance(results, (tuple, list)) else (results,)
+        converted = tuple(self._module._returned(r, self.torch_device) for r in results)
+        return converted if len(converted) > 1 else converted[0]
 
 
 def numpy_dtype(name: str) -> np.dtype:
@@ -57,6 +84,9 @@ def numpy_dtype(name: str) -> np.dtype:
         import ml_dtypes
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(name)
+
+
+_DLPACK_CPU, _DLPACK_CUDA = 1, 2  # DLPack's device type codes
 
 
 def _runtime_config(device: str) -> iree_rt.Config:
@@ -169,6 +199,8 @@ class ResidualModule:
             raise ArtifactError(f"module {vmfb_path!r} cannot be loaded with its parameters "
                                 f"({str(e).strip().splitlines()[0]}): recompile the model") from None
         self._entries = entries
+        self._device_kind = "cuda" if device.startswith("cuda") else "cpu"
+        self._exports = True  # results can be shared with torch (DLPack), until IREE says otherwise
         self._default_prefix = checked.default_adapter_prefix
         self._entry_points = {(e["stage"], e["program"]): e for e in described}
         self._inputs = [a for a in self.entry("dynamic")["arguments"] if a["kind"] == "input"]
@@ -210,18 +242,46 @@ class ResidualModule:
         """The request inputs, in call order: [{"name", "shape", "dtype", ...}]."""
         return self._inputs
 
-    def _check_inputs(self, inputs) -> list:
+    def _check_inputs(self, inputs) -> Request:
         specs = self.inputs
         if len(inputs) != len(specs):
             names = ", ".join(s["name"] for s in specs)
             raise InputError(f"the residual takes {len(specs)} input(s) ({names}), got {len(inputs)}: pass exactly those")
-        return [_check_input(s, v) for s, v in zip(specs, inputs)]
+        checked = [_check_input(s, v, self._device_kind) for s, v in zip(specs, inputs)]
+        torch_inputs = [v for v in inputs if _is_torch(v)]
+        values = [self._imported(v) if _is_torch(v) else v for v, _ in checked]
+        return Request(self, values, [shape for _, shape in checked], torch_inputs[0].device if torch_inputs else None)
 
-    def _named_inputs(self, inputs) -> dict:
-        return {s["name"]: v for s, v in zip(self.inputs, self._check_inputs(inputs))}
+    def _imported(self, tensor):
+        """A torch tensor on this module's device as an IREE buffer view, shared (DLPack), once the
+        work queued on it is done (IREE runs on a stream of its own)."""
+        import torch
+        if tensor.device.type == "cuda":
+            torch.cuda.current_stream(tensor.device).synchronize()
+        return self._config.device.from_dlpack_capsule(torch.utils.dlpack.to_dlpack(tensor))
+
+    def _returned(self, result, torch_device):
+        """One result: numpy, or a torch tensor on `torch_device`, sharing IREE's buffer
+        where IREE can export it (DLPack), else copied through the host."""
+        if torch_device is None:
+            return np.asarray(result.to_host())
+        import torch
+        if torch_device.type == self._device_kind and self._exports:
+            code, index = (_DLPACK_CUDA, torch_device.index or 0) if self._device_kind == "cuda" else (_DLPACK_CPU, 0)
+            try:
+                return torch.utils.dlpack.from_dlpack(
+                    self._config.device.create_dlpack_capsule(result._buffer_view, code, index))
+            except RuntimeError:  # IREE 3.13 cannot export CUDA results (stream-ordered pool buffers)
+                self._exports = False
+        host = np.asarray(result.to_host())
+        if host.dtype == numpy_dtype("bfloat16"):  # torch takes no ml_dtypes arrays: the same bits
+            return torch.from_numpy(host.view(np.int16)).view(torch.bfloat16).to(torch_device)
+        return torch.from_numpy(host).to(torch_device)
 
     def __call__(self, *inputs):
-        return as_outputs(self._call(self.entry("dynamic"), self._named_inputs(inputs), self._state))
+        request = self._check_inputs(inputs)
+        named = {s["name"]: v for s, v in zip(self.inputs, request.values)}
+        return request.outputs(self._call(self.entry("dynamic"), named, self._state))
 
 
 def load(path: str, device: str | None = None, **serving) -> ResidualModule:

@@ -33,7 +33,7 @@ from stageml.compiler.facts import FACTORIZED, IDS, MAIN
 from stageml.errors import AdapterError, InputError
 from stageml.policy import AdapterProfile, LoraSite, plan
 from stageml.runtime import peft_adapter
-from stageml.runtime.module import ResidualModule, as_outputs, numpy_dtype
+from stageml.runtime.module import ResidualModule, numpy_dtype
 
 POLICIES = ("auto", "merged", "factorized")
 SERVING = ("adapter_memory_budget", "policy", "replan_every")  # stageml.load's options for these modules
@@ -217,24 +217,26 @@ class TenantModule(ResidualModule):
 
     def __call__(self, *inputs, adapter=None):
         """The residual with one adapter (None: the base model) for every row."""
-        arrays = self._check_inputs(inputs)
-        return self.run_batch(arrays, [adapter] * (arrays[0].shape[0] if arrays and arrays[0].ndim else 0))
+        request = self._check_inputs(inputs)
+        return self._run_batch(request, [adapter] * (request.rows[0] if request.rows else 0))
 
     def run_batch(self, inputs, adapters: list):
         """One call for a batch whose row i uses `adapters[i]` (None: the base model).
 
         `inputs` is the forward input (or a tuple of them), rows leading."""
-        arrays = self._check_inputs(inputs if isinstance(inputs, (tuple, list)) else (inputs,))
+        request = self._check_inputs(inputs if isinstance(inputs, (tuple, list)) else (inputs,))
         if isinstance(adapters, (str, bytes)) or not hasattr(adapters, "__iter__"):
             raise InputError(f"run_batch takes a list of adapter names (one per row), not {type(adapters).__name__}: "
                              "pass e.g. ['tenant-a', None]")
-        adapters = list(adapters)
+        return self._run_batch(request, list(adapters))
+
+    def _run_batch(self, request, adapters: list):
         for name in adapters:
             if name is not None and not isinstance(name, str):
                 raise AdapterError(f"adapter {name!r} is not a name: pass adapter names (strings) or None for the base model")
-        if any(a.ndim == 0 or a.shape[0] != len(adapters) for a in arrays):
+        if any(shape == () or rows != len(adapters) for shape, rows in zip(request.shapes, request.rows)):
             raise InputError(f"run_batch got {len(adapters)} adapter names for inputs of "
-                             f"{[a.shape[0] if a.ndim else 0 for a in arrays]} rows: pass one name (or None) per row")
+                             f"{request.rows} rows: pass one name (or None) per row")
         with self._lock:
             named = [self._known(n) for n in dict.fromkeys(adapters) if n is not None]
             busy = {n for n in adapters if n is not None}
@@ -247,7 +249,7 @@ class TenantModule(ResidualModule):
                     self._adapters[name].requests += 1
                     self._adapters[name].total += 1
                     self._adapters[name].last_used = now
-            values = {s["name"]: a for s, a in zip(self.inputs, arrays)}
+            values = {s["name"]: v for s, v in zip(self.inputs, request.values)}
             if len(named) == 1 and None not in adapters and named[0].merged is not None:
                 results = self._call(self.entry("dynamic"), values, named[0].merged)
             else:
@@ -256,4 +258,4 @@ class TenantModule(ResidualModule):
             self._calls += 1
             if self._calls % self._replan_every == 0:
                 self._replan(decay=True)
-            return as_outputs(results)
+            return request.outputs(results)

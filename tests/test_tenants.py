@@ -319,6 +319,22 @@ def test_bad_calls_are_stageml_errors(linear, call, match):
     assert mod(np.zeros((1, 64), np.float32)).shape == (1, 48)  # and the module keeps working
 
 
+def test_run_batch_with_torch_tensors(linear):
+    mod = stageml.load(linear["path"])
+    adapters = {n: _factors(40 + s) for s, n in enumerate("ab")}
+    for name, factors in adapters.items():
+        mod.load_adapter(name, factors)
+    names = ["a", None, "b", "a"]
+    x = torch.randn(len(names), 64)
+    rows = mod.run_batch(x, names)
+    assert isinstance(rows, torch.Tensor)
+    assert np.array_equal(rows.numpy(), mod.run_batch(x.numpy(), names))
+    for i, name in enumerate(names):
+        expected = _expect(linear, None if name is None else adapters[name], x[i:i + 1].numpy())
+        assert rel_err(rows[i:i + 1], expected) <= 1e-4, (i, name)
+    assert isinstance(mod(x[:1], adapter="b"), torch.Tensor)
+
+
 # -- threads ----------------------------------------------------------------------
 
 def _concurrently(*workers) -> list:
