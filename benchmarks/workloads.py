@@ -37,6 +37,10 @@ def small_llama() -> nn.Module:
     return LlamaForCausalLM(config).eval()
 
 
+def _normal(layers: int, shape: tuple, std: float) -> nn.ParameterList:
+    return nn.ParameterList([nn.Parameter(nn.init.normal_(torch.empty(*shape), std=std)) for _ in range(layers)])
+
+
 class LoraStack(nn.Module):
     """`layers` LoRA layers in sequence, each x@W + s*(x@A)@B with W [d, d]
     (input-major, as the residual reads it), A [d, r], B [r, d]: a stack so
@@ -45,12 +49,9 @@ class LoraStack(nn.Module):
     def __init__(self, layers=8, d=4096, r=16, scale=0.5):
         super().__init__()
         self.scale = scale
-        self.weight = nn.ParameterList([nn.Parameter(nn.init.normal_(torch.empty(d, d), std=d ** -0.5))
-                                        for _ in range(layers)])
-        self.lora_A = nn.ParameterList([nn.Parameter(nn.init.normal_(torch.empty(d, r), std=d ** -0.5))
-                                        for _ in range(layers)])
-        self.lora_B = nn.ParameterList([nn.Parameter(nn.init.normal_(torch.empty(r, d), std=r ** -0.5))
-                                        for _ in range(layers)])
+        self.weight = _normal(layers, (d, d), d ** -0.5)
+        self.lora_A = _normal(layers, (d, r), d ** -0.5)
+        self.lora_B = _normal(layers, (r, d), r ** -0.5)
 
     def forward(self, x):
         for w, a, b in zip(self.weight, self.lora_A, self.lora_B):
@@ -70,12 +71,9 @@ class TenantStack(nn.Module):
     def __init__(self, layers=8, d=4096, r=16, scale=0.5):
         super().__init__()
         self.scale = scale
-        self.weight = nn.ParameterList([nn.Parameter(nn.init.normal_(torch.empty(d, d), std=d ** -0.5))
-                                        for _ in range(layers)])
-        self.lora_A = nn.ParameterList([nn.Parameter(nn.init.normal_(torch.empty(r, d), std=d ** -0.5))
-                                        for _ in range(layers)])
-        self.lora_B = nn.ParameterList([nn.Parameter(nn.init.normal_(torch.empty(d, r), std=r ** -0.5))
-                                        for _ in range(layers)])
+        self.weight = _normal(layers, (d, d), d ** -0.5)
+        self.lora_A = _normal(layers, (r, d), d ** -0.5)
+        self.lora_B = _normal(layers, (d, r), r ** -0.5)
 
     def forward(self, x):
         for w, a, b in zip(self.weight, self.lora_A, self.lora_B):

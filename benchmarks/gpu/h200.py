@@ -335,7 +335,11 @@ def main() -> int:
         llama_rows = llama(art_dir, scratch)
         tenant_times = linear_tenants(art_dir)
         stack_rows = stacks(art_dir, entries, scratch)
-    text = report(stack_rows, llama_rows, tenant_times, entries)
+    return finish(report(stack_rows, llama_rows, tenant_times, entries))
+
+
+def finish(text: str) -> int:
+    """Prints the report `text` (and writes it to argv[2]); the exit status: 1 if a check failed."""
     print(text)
     if len(sys.argv) > 2:
         with open(sys.argv[2], "w") as f:

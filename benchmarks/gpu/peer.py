@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from h200 import (BOUNDS, DTYPES, FAILURES, HBM_BYTES_PER_S, STACK, bench_iree, bench_torch, check,  # noqa: E402
+from h200 import (BOUNDS, DTYPES, HBM_BYTES_PER_S, STACK, bench_iree, bench_torch, check, finish,  # noqa: E402
                   input_flags, rel_err, to_numpy, write_archive)
 
 import stageml  # noqa: E402
@@ -205,13 +205,7 @@ def main() -> int:
     import tempfile
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     with tempfile.TemporaryDirectory() as scratch:
-        text = report(run(sys.argv[1], scratch))
-    print(text)
-    if len(sys.argv) > 2:
-        with open(sys.argv[2], "w") as f:
-            f.write(text + "\n")
-    print("checks failed: " + ", ".join(FAILURES) if FAILURES else "all checks passed")
-    return 1 if FAILURES else 0
+        return finish(report(run(sys.argv[1], scratch)))
 
 
 if __name__ == "__main__":
