@@ -561,29 +561,89 @@ __device__ __forceinline__ void run(const T* x, const T* w, const T* a, const T*
     tile_path<T, LORA>(x, w, a, b, y, M, K, N, R, scale, smem);
 }
 
-// Gathered rows: y[b, n] = sum_k x[b, k] * table[ids[b], k, n] in f32; block (column
-// strip, row b), 32 columns x 8 k-lanes, the k-lanes summed in shared memory.
+// One row's strip of `width` <= 32 columns: 32 columns x 8 k-lanes, the k-lanes
+// summed in shared memory.
 template <typename T>
-__device__ __forceinline__ void bgmv(const T* x, const int64_t* ids, const T* table, float* y, int B, int K,
-                                     int N) {
+__device__ __forceinline__ void bgmv_scalar(const T* xb, const T* t, float* y, int K, int N, int width) {
   __shared__ float part[8][32];
-  const int b = blockIdx.y, col = threadIdx.x & 31, lane_k = threadIdx.x >> 5, n = blockIdx.x * 32 + col;
-  if (b >= B) return;
-  const T* t = table + static_cast<size_t>(ids[b]) * K * N + n;
-  const T* xb = x + static_cast<size_t>(b) * K;
+  const int col = threadIdx.x & 31, lane_k = threadIdx.x >> 5;
   float acc = 0.f;
-  if (n < N) {
+  if (col < width) {
 #pragma unroll 8
-    for (int k = lane_k; k < K; k += 8) acc = fmaf(to_f32(xb[k]), to_f32(t[static_cast<size_t>(k) * N]), acc);
+    for (int k = lane_k; k < K; k += 8) acc = fmaf(to_f32(xb[k]), to_f32(t[static_cast<size_t>(k) * N + col]), acc);
   }
   part[lane_k][col] = acc;
   __syncthreads();
-  if (lane_k == 0 && n < N) {
+  if (lane_k == 0 && col < width) {
     float sum = 0.f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) sum += part[i][col];
-    y[static_cast<size_t>(b) * N + n] = sum;
+    y[col] = sum;
   }
+}
+
+// One row's strip of `width` (8 or 16) columns, N % 8 == 0, t 16-byte aligned:
+// each thread reads 16-byte vectors (8 columns) of k-rows lane, lane + L, ...
+// (L = 256 / (width / 8) k-lanes), four loads in flight, and keeps 8 column sums;
+// the k-lanes are summed in shared memory. (The scalar path keeps 8 k-rows of
+// 2-byte loads in flight per block and is latency-bound on such a strip.)
+template <typename T>
+__device__ __forceinline__ void bgmv_vector(const T* xb, const T* t, float* y, int K, int N, int width) {
+  __shared__ float part[kThreads * 8];
+  const int groups = width / 8, lanes = kThreads / groups;
+  const int group = threadIdx.x % groups, lane = threadIdx.x / groups;
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  const T* tg = t + 8 * group;
+  int k = lane;
+  for (; k + 3 * lanes < K; k += 4 * lanes) {
+    uint4 v[4];
+    float xv[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      v[u] = __ldg(reinterpret_cast<const uint4*>(tg + static_cast<size_t>(k + u * lanes) * N));
+      xv[u] = to_f32(xb[k + u * lanes]);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      float f[8];
+      unpack8<T>(v[u], f);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] = fmaf(xv[u], f[j], acc[j]);
+    }
+  }
+  for (; k < K; k += lanes) {
+    float f[8];
+    unpack8<T>(__ldg(reinterpret_cast<const uint4*>(tg + static_cast<size_t>(k) * N)), f);
+    const float xv = to_f32(xb[k]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] = fmaf(xv, f[j], acc[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) part[threadIdx.x * 8 + j] = acc[j];
+  __syncthreads();
+  if (threadIdx.x < width) {
+    const int g = threadIdx.x / 8, j = threadIdx.x % 8;
+    float sum = 0.f;
+    for (int l = 0; l < lanes; ++l) sum += part[(l * groups + g) * 8 + j];
+    y[threadIdx.x] = sum;
+  }
+}
+
+// Gathered rows: y[b, n] = sum_k x[b, k] * table[ids[b], k, n] in f32; block (column
+// strip, row b). A narrow strip with a long k loop (a LoRA shrink: N = rank, K =
+// in_features), in whole 16-byte vectors, takes the vector path; any other the
+// scalar one.
+template <typename T>
+__device__ __forceinline__ void bgmv(const T* x, const int64_t* ids, const T* table, float* y, int B, int K,
+                                     int N) {
+  const int b = blockIdx.y, n0 = blockIdx.x * 32, width = min(32, N - n0);
+  if (b >= B) return;
+  const T* t = table + static_cast<size_t>(ids[b]) * K * N + n0;
+  const T* xb = x + static_cast<size_t>(b) * K;
+  if (width <= 16 && N % 8 == 0 && K >= 512 && (reinterpret_cast<uintptr_t>(table) & 15) == 0)
+    bgmv_vector(xb, t, y + static_cast<size_t>(b) * N + n0, K, N, width);
+  else
+    bgmv_scalar(xb, t, y + static_cast<size_t>(b) * N + n0, K, N, width);
 }
 
 }  // namespace
