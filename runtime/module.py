@@ -11,6 +11,7 @@ from iree import runtime as iree_rt
 from stageml.errors import ArtifactError, InputError
 from stageml.runtime import manifest as manifests
 
+
 def as_numpy(value) -> np.ndarray:
     """A numpy array of a torch tensor (bfloat16 as ml_dtypes.bfloat16) or array-like."""
     if hasattr(value, "detach"):

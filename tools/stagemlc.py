@@ -120,16 +120,13 @@ def _options(args) -> CompileOptions:
 
 
 def _write(args, art) -> str:
-    """Writes the compile's output to -o; returns the path of the main file."""
+    """Writes the compile's output to -o (atomically: an unwritable path is an OutputError);
+    returns the path of the main file."""
     from stageml.files import write_file
-    try:
-        if args.emit == "vmfb":
-            return art.save(args.output)
-        write_file(args.output, art.mlir[args.emit])
-        return args.output
-    except OSError as e:
-        raise OutputError(f"cannot write {e.filename or args.output!r} ({e.strerror or e}): "
-                          "choose a writable output path") from None
+    if args.emit == "vmfb":
+        return art.save(args.output)
+    write_file(args.output, art.mlir[args.emit])
+    return args.output
 
 
 def _one_line(text: str) -> str:
