@@ -10,7 +10,7 @@ from iree import runtime as iree_rt
 from stageml.compiler.passes.use_parameters import SCOPE
 from stageml.errors import ArtifactError, OutputError
 from stageml.files import write_files
-from stageml.runtime.manifest import FORMAT, file_entry
+from stageml.runtime.manifest import FORMAT, artifact_files, file_entry
 from stageml.runtime.module import numpy_dtype
 
 DEFAULT_ADAPTER = "default_adapter/"
@@ -69,9 +69,7 @@ class Artifact:
         if self.vmfb is None:
             raise ArtifactError("this artifact stopped before the vmfb stage and has no module to save: "
                                 "compile with emit='vmfb'")
-        directory, name = os.path.split(os.path.abspath(os.fspath(path)))
-        stem = os.path.join(directory, name[:-5] if name.endswith(".vmfb") else name)
-        targets = {"module": stem + ".vmfb", "parameters": stem + ".irpa", "manifest": stem + ".json"}
+        targets = artifact_files(path)
         if self.source is not None:
             for target in targets.values():
                 if os.path.abspath(target) == os.path.abspath(self.source):

@@ -145,14 +145,17 @@ def validate(data, what: str):
                             "recompile the model with stagemlc") from None
 
 
-def path_of(vmfb_path: str) -> str:
-    """The manifest beside `vmfb_path`."""
-    return (vmfb_path[:-5] if vmfb_path.endswith(".vmfb") else vmfb_path) + ".json"
+def artifact_files(vmfb_path: str) -> dict:
+    """{"module", "parameters", "manifest"}: the paths of the artifact whose module
+    is `vmfb_path` (".vmfb" is added when the name lacks it)."""
+    path = os.path.abspath(os.fspath(vmfb_path))
+    stem = path[:-5] if path.endswith(".vmfb") else path
+    return {"module": stem + ".vmfb", "parameters": stem + ".irpa", "manifest": stem + ".json"}
 
 
 def read(vmfb_path: str) -> tuple[Manifest, dict]:
     """(the validated manifest beside `vmfb_path`, its JSON as read)."""
-    path = path_of(vmfb_path)
+    path = artifact_files(vmfb_path)["manifest"]
     try:
         with open(path, "rb") as f:
             data = json.loads(f.read())

@@ -164,7 +164,7 @@ class ResidualModule:
         checked, self.manifest = manifests.read(path)
         device = device or checked.device
         _check_cpu(self.manifest, path)
-        manifest_path = manifests.path_of(path)
+        manifest_path = manifests.artifact_files(path)["manifest"]
         vmfb_path = manifests.locate(manifest_path, checked.files.module, "module")
         irpa_path = manifests.locate(manifest_path, checked.files.parameters, "parameter archive")
         try:

@@ -72,9 +72,8 @@ def _outputs(args) -> list:
     """The files the compile will write: -o, and for a .vmfb its .irpa and .json."""
     if args.emit != "vmfb":
         return [args.output]
-    directory, name = os.path.split(os.path.abspath(args.output))
-    stem = name[:-5] if name.endswith(".vmfb") else name
-    return [os.path.join(directory, stem + ext) for ext in (".vmfb", ".irpa", ".json")]
+    from stageml.runtime.manifest import artifact_files
+    return list(artifact_files(args.output).values())
 
 
 def _file_in_the_way(directory: str):
