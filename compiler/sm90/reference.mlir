@@ -15,12 +15,12 @@
 // rounding points; only the order of the f32 sums differs. T is f16 or bf16;
 // rounding to T is round-to-nearest-even (__float2half_rn / __float2bfloat16_rn).
 //
-//   stageml_gemm_T(x: [M,K] T, w: [N/32,K,32] T, M, K, N: i32) -> y: [M,N] T
-//     w is W [K,N] in 32-column strips: w[j,k,c] = W[k, 32j+c]
+//   stageml_gemm_T(x: [M,K] T, w: [N/8,K,8] T, M, K, N: i32) -> y: [M,N] T
+//     w is W [K,N] in 8-column strips: w[j,k,c] = W[k, 8j+c]
 //     y = T(sum_k f32(x[m,k]) * f32(W[k,n]))              (f32 sum, one rounding)
 //     guarantees: K % 8 = 0, N % 32 = 0, shapes as above
 //
-//   stageml_lora_T(x: [M,K] T, w: [N/32,K,32] T, a: [K,R] T, b: [R,N] T,
+//   stageml_lora_T(x: [M,K] T, w: [N/8,K,8] T, a: [K,R] T, b: [R,N] T,
 //                  M, K, N, R, scale_bits: i32) -> y: [M,N] T
 //     scale = scale_bits as f32 (arith.bitcast); t = x@a stays f32 (never T)
 //     v[m,n] = sum_k f32(x) * f32(W)                      (f32)
@@ -41,7 +41,7 @@
 
 // ---------------------------------------------------------------- GEMM
 
-func.func private @stageml_gemm_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x?x32xf16>,
+func.func private @stageml_gemm_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x?x8xf16>,
     %m: i32, %k: i32, %n: i32) -> tensor<?x?xf16> attributes {stageml.reference_of = "stageml_gemm_f16"} {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
@@ -53,9 +53,9 @@ func.func private @stageml_gemm_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x
   %N = arith.index_cast %n : i32 to index
   %xm = tensor.dim %x, %c0 : tensor<?x?xf16>
   %xk = tensor.dim %x, %c1 : tensor<?x?xf16>
-  %ws = tensor.dim %w, %c0 : tensor<?x?x32xf16>
-  %wk = tensor.dim %w, %c1 : tensor<?x?x32xf16>
-  %wn = arith.muli %ws, %c32 : index
+  %ws = tensor.dim %w, %c0 : tensor<?x?x8xf16>
+  %wk = tensor.dim %w, %c1 : tensor<?x?x8xf16>
+  %wn = arith.muli %ws, %c8 : index
   %s0 = arith.cmpi eq, %xm, %M : index
   %s1 = arith.cmpi eq, %xk, %K : index
   %s2 = arith.cmpi eq, %wk, %K : index
@@ -63,15 +63,15 @@ func.func private @stageml_gemm_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x
   %s01 = arith.andi %s0, %s1 : i1
   %s23 = arith.andi %s2, %s3 : i1
   %shapes = arith.andi %s01, %s23 : i1
-  cf.assert %shapes, "stageml_gemm_f16: x must be [M, K] and w [N/32, K, 32] (push constants M, K, N)"
+  cf.assert %shapes, "stageml_gemm_f16: x must be [M, K] and w [N/8, K, 8] (push constants M, K, N)"
   %kr = arith.remui %K, %c8 : index
   %nr = arith.remui %N, %c32 : index
   %rem = arith.ori %kr, %nr : index
   %aligned = arith.cmpi eq, %rem, %c0 : index
   cf.assert %aligned, "stageml_gemm_f16: K must be a multiple of 8 and N of 32"
   %we = tensor.empty(%K, %N) : tensor<?x?xf16>
-  %wkn = linalg.unpack %w outer_dims_perm = [1, 0] inner_dims_pos = [1] inner_tiles = [32] into %we
-      : tensor<?x?x32xf16> -> tensor<?x?xf16>
+  %wkn = linalg.unpack %w outer_dims_perm = [1, 0] inner_dims_pos = [1] inner_tiles = [8] into %we
+      : tensor<?x?x8xf16> -> tensor<?x?xf16>
   %ve = tensor.empty(%M, %N) : tensor<?x?xf32>
   %v0 = linalg.fill ins(%zero : f32) outs(%ve : tensor<?x?xf32>) -> tensor<?x?xf32>
   %v = linalg.matmul ins(%x, %wkn : tensor<?x?xf16>, tensor<?x?xf16>) outs(%v0 : tensor<?x?xf32>) -> tensor<?x?xf32>
@@ -86,7 +86,7 @@ func.func private @stageml_gemm_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x
   return %y : tensor<?x?xf16>
 }
 
-func.func private @stageml_gemm_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<?x?x32xbf16>,
+func.func private @stageml_gemm_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<?x?x8xbf16>,
     %m: i32, %k: i32, %n: i32) -> tensor<?x?xbf16> attributes {stageml.reference_of = "stageml_gemm_bf16"} {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
@@ -98,9 +98,9 @@ func.func private @stageml_gemm_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<
   %N = arith.index_cast %n : i32 to index
   %xm = tensor.dim %x, %c0 : tensor<?x?xbf16>
   %xk = tensor.dim %x, %c1 : tensor<?x?xbf16>
-  %ws = tensor.dim %w, %c0 : tensor<?x?x32xbf16>
-  %wk = tensor.dim %w, %c1 : tensor<?x?x32xbf16>
-  %wn = arith.muli %ws, %c32 : index
+  %ws = tensor.dim %w, %c0 : tensor<?x?x8xbf16>
+  %wk = tensor.dim %w, %c1 : tensor<?x?x8xbf16>
+  %wn = arith.muli %ws, %c8 : index
   %s0 = arith.cmpi eq, %xm, %M : index
   %s1 = arith.cmpi eq, %xk, %K : index
   %s2 = arith.cmpi eq, %wk, %K : index
@@ -108,15 +108,15 @@ func.func private @stageml_gemm_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<
   %s01 = arith.andi %s0, %s1 : i1
   %s23 = arith.andi %s2, %s3 : i1
   %shapes = arith.andi %s01, %s23 : i1
-  cf.assert %shapes, "stageml_gemm_bf16: x must be [M, K] and w [N/32, K, 32] (push constants M, K, N)"
+  cf.assert %shapes, "stageml_gemm_bf16: x must be [M, K] and w [N/8, K, 8] (push constants M, K, N)"
   %kr = arith.remui %K, %c8 : index
   %nr = arith.remui %N, %c32 : index
   %rem = arith.ori %kr, %nr : index
   %aligned = arith.cmpi eq, %rem, %c0 : index
   cf.assert %aligned, "stageml_gemm_bf16: K must be a multiple of 8 and N of 32"
   %we = tensor.empty(%K, %N) : tensor<?x?xbf16>
-  %wkn = linalg.unpack %w outer_dims_perm = [1, 0] inner_dims_pos = [1] inner_tiles = [32] into %we
-      : tensor<?x?x32xbf16> -> tensor<?x?xbf16>
+  %wkn = linalg.unpack %w outer_dims_perm = [1, 0] inner_dims_pos = [1] inner_tiles = [8] into %we
+      : tensor<?x?x8xbf16> -> tensor<?x?xbf16>
   %ve = tensor.empty(%M, %N) : tensor<?x?xf32>
   %v0 = linalg.fill ins(%zero : f32) outs(%ve : tensor<?x?xf32>) -> tensor<?x?xf32>
   %v = linalg.matmul ins(%x, %wkn : tensor<?x?xbf16>, tensor<?x?xbf16>) outs(%v0 : tensor<?x?xf32>) -> tensor<?x?xf32>
@@ -133,7 +133,7 @@ func.func private @stageml_gemm_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<
 
 // ---------------------------------------------------------------- LoRA
 
-func.func private @stageml_lora_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x?x32xf16>,
+func.func private @stageml_lora_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x?x8xf16>,
     %a: tensor<?x?xf16>, %b: tensor<?x?xf16>, %m: i32, %k: i32, %n: i32, %r: i32, %scale_bits: i32)
     -> tensor<?x?xf16> attributes {stageml.reference_of = "stageml_lora_f16"} {
   %c0 = arith.constant 0 : index
@@ -147,13 +147,13 @@ func.func private @stageml_lora_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x
   %R = arith.index_cast %r : i32 to index
   %xm = tensor.dim %x, %c0 : tensor<?x?xf16>
   %xk = tensor.dim %x, %c1 : tensor<?x?xf16>
-  %ws = tensor.dim %w, %c0 : tensor<?x?x32xf16>
-  %wk = tensor.dim %w, %c1 : tensor<?x?x32xf16>
+  %ws = tensor.dim %w, %c0 : tensor<?x?x8xf16>
+  %wk = tensor.dim %w, %c1 : tensor<?x?x8xf16>
   %ak = tensor.dim %a, %c0 : tensor<?x?xf16>
   %ar = tensor.dim %a, %c1 : tensor<?x?xf16>
   %br = tensor.dim %b, %c0 : tensor<?x?xf16>
   %bn = tensor.dim %b, %c1 : tensor<?x?xf16>
-  %wn = arith.muli %ws, %c32 : index
+  %wn = arith.muli %ws, %c8 : index
   %s0 = arith.cmpi eq, %xm, %M : index
   %s1 = arith.cmpi eq, %xk, %K : index
   %s2 = arith.cmpi eq, %wk, %K : index
@@ -169,7 +169,7 @@ func.func private @stageml_lora_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x
   %s03 = arith.andi %s01, %s23 : i1
   %s47 = arith.andi %s45, %s67 : i1
   %shapes = arith.andi %s03, %s47 : i1
-  cf.assert %shapes, "stageml_lora_f16: x must be [M, K], w [N/32, K, 32], a [K, R] and b [R, N] (push constants M, K, N, R)"
+  cf.assert %shapes, "stageml_lora_f16: x must be [M, K], w [N/8, K, 8], a [K, R] and b [R, N] (push constants M, K, N, R)"
   %kr = arith.remui %K, %c8 : index
   %nr = arith.remui %N, %c32 : index
   %rem = arith.ori %kr, %nr : index
@@ -181,8 +181,8 @@ func.func private @stageml_lora_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x
   cf.assert %limits, "stageml_lora_f16: K must be a multiple of 8, N of 32, and 1 <= R <= 32"
   %scale = arith.bitcast %scale_bits : i32 to f32
   %we = tensor.empty(%K, %N) : tensor<?x?xf16>
-  %wkn = linalg.unpack %w outer_dims_perm = [1, 0] inner_dims_pos = [1] inner_tiles = [32] into %we
-      : tensor<?x?x32xf16> -> tensor<?x?xf16>
+  %wkn = linalg.unpack %w outer_dims_perm = [1, 0] inner_dims_pos = [1] inner_tiles = [8] into %we
+      : tensor<?x?x8xf16> -> tensor<?x?xf16>
   %ve = tensor.empty(%M, %N) : tensor<?x?xf32>
   %v0 = linalg.fill ins(%zero : f32) outs(%ve : tensor<?x?xf32>) -> tensor<?x?xf32>
   %v = linalg.matmul ins(%x, %wkn : tensor<?x?xf16>, tensor<?x?xf16>) outs(%v0 : tensor<?x?xf32>) -> tensor<?x?xf32>
@@ -203,7 +203,7 @@ func.func private @stageml_lora_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x
   return %y : tensor<?x?xf16>
 }
 
-func.func private @stageml_lora_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<?x?x32xbf16>,
+func.func private @stageml_lora_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<?x?x8xbf16>,
     %a: tensor<?x?xbf16>, %b: tensor<?x?xbf16>, %m: i32, %k: i32, %n: i32, %r: i32, %scale_bits: i32)
     -> tensor<?x?xbf16> attributes {stageml.reference_of = "stageml_lora_bf16"} {
   %c0 = arith.constant 0 : index
@@ -217,13 +217,13 @@ func.func private @stageml_lora_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<
   %R = arith.index_cast %r : i32 to index
   %xm = tensor.dim %x, %c0 : tensor<?x?xbf16>
   %xk = tensor.dim %x, %c1 : tensor<?x?xbf16>
-  %ws = tensor.dim %w, %c0 : tensor<?x?x32xbf16>
-  %wk = tensor.dim %w, %c1 : tensor<?x?x32xbf16>
+  %ws = tensor.dim %w, %c0 : tensor<?x?x8xbf16>
+  %wk = tensor.dim %w, %c1 : tensor<?x?x8xbf16>
   %ak = tensor.dim %a, %c0 : tensor<?x?xbf16>
   %ar = tensor.dim %a, %c1 : tensor<?x?xbf16>
   %br = tensor.dim %b, %c0 : tensor<?x?xbf16>
   %bn = tensor.dim %b, %c1 : tensor<?x?xbf16>
-  %wn = arith.muli %ws, %c32 : index
+  %wn = arith.muli %ws, %c8 : index
   %s0 = arith.cmpi eq, %xm, %M : index
   %s1 = arith.cmpi eq, %xk, %K : index
   %s2 = arith.cmpi eq, %wk, %K : index
@@ -239,7 +239,7 @@ func.func private @stageml_lora_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<
   %s03 = arith.andi %s01, %s23 : i1
   %s47 = arith.andi %s45, %s67 : i1
   %shapes = arith.andi %s03, %s47 : i1
-  cf.assert %shapes, "stageml_lora_bf16: x must be [M, K], w [N/32, K, 32], a [K, R] and b [R, N] (push constants M, K, N, R)"
+  cf.assert %shapes, "stageml_lora_bf16: x must be [M, K], w [N/8, K, 8], a [K, R] and b [R, N] (push constants M, K, N, R)"
   %kr = arith.remui %K, %c8 : index
   %nr = arith.remui %N, %c32 : index
   %rem = arith.ori %kr, %nr : index
@@ -251,8 +251,8 @@ func.func private @stageml_lora_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<
   cf.assert %limits, "stageml_lora_bf16: K must be a multiple of 8, N of 32, and 1 <= R <= 32"
   %scale = arith.bitcast %scale_bits : i32 to f32
   %we = tensor.empty(%K, %N) : tensor<?x?xbf16>
-  %wkn = linalg.unpack %w outer_dims_perm = [1, 0] inner_dims_pos = [1] inner_tiles = [32] into %we
-      : tensor<?x?x32xbf16> -> tensor<?x?xbf16>
+  %wkn = linalg.unpack %w outer_dims_perm = [1, 0] inner_dims_pos = [1] inner_tiles = [8] into %we
+      : tensor<?x?x8xbf16> -> tensor<?x?xbf16>
   %ve = tensor.empty(%M, %N) : tensor<?x?xf32>
   %v0 = linalg.fill ins(%zero : f32) outs(%ve : tensor<?x?xf32>) -> tensor<?x?xf32>
   %v = linalg.matmul ins(%x, %wkn : tensor<?x?xbf16>, tensor<?x?xbf16>) outs(%v0 : tensor<?x?xf32>) -> tensor<?x?xf32>

@@ -8,8 +8,8 @@ multiple of 8 and N of 32:
   GEMM: a product accumulated in f32 and rounded to T once,
     %p = linalg.matmul ins(%x, %w : tensor<MxKxT>, tensor<KxNxT>) outs(%zero : tensor<MxNxf32>)
     %y = linalg.generic {arith.truncf} ins(%p)
-  → %s = linalg.pack %w outer_dims_perm = [1, 0] inner_dims_pos = [1] inner_tiles = [32]
-                       : tensor<KxNxT> -> tensor<N/32xKx32xT>
+  → %s = linalg.pack %w outer_dims_perm = [1, 0] inner_dims_pos = [1] inner_tiles = [8]
+                       : tensor<KxNxT> -> tensor<N/8xKx8xT>
     %y = flow.dispatch @stageml_sm90::@stageml_gemm_T[%M, %N](%x, %s, M, K, N)
 
   LoRA: a base product plus a scaled rank-R product of the same rows (R <= 32),
@@ -30,7 +30,7 @@ multiple of 8 and N of 32:
   (reference.mlir, the kernel's semantics in linalg) is cloned into the
   module: the matcher's output then runs on IREE's CPU backend.
 
-The GEMM and LoRA kernels read w in 32-column strips ([N/32, K, 32]), and
+The GEMM and LoRA kernels read w in 8-column strips ([N/8, K, 8]), and
 that layout work is earlier-stage work: the pack of a global weight follows
 its load, where IREE's const-expr hoisting moves it to load time; the pack of
 adapter state (an argument with `bt.result = i`, the i-th result of the
@@ -75,7 +75,8 @@ from stageml.errors import CompileError
 REFERENCES = pathlib.Path(__file__).with_name("reference.mlir")
 REFERENCE_OF = "stageml.reference_of"  # reference.mlir: the kernel a function is the reference of
 MAX_RANK = 32
-STRIP = 32  # columns of w per strip (kernels.cu)
+STRIP = 8  # columns of w per strip (kernels.cu)
+ALIGN = (8, 32)  # what stageml_gemm and stageml_lora need K and N to be multiples of
 LOWERINGS = ("dispatch", "reference")
 _ELEMENT_TYPES = ("f16", "bf16")
 
@@ -155,7 +156,7 @@ def _scaled(value):
 
 def _fits(x, w) -> bool:
     x_type, (k, n) = ir.RankedTensorType(x.type), ir.RankedTensorType(w.type).shape
-    return x_type.rank == 2 and k % 8 == 0 and n % STRIP == 0
+    return x_type.rank == 2 and k % ALIGN[0] == 0 and n % ALIGN[1] == 0
 
 
 def _gemm(op) -> _Match | None:
@@ -281,7 +282,7 @@ class _Strips:
 
 
 def _pack(w) -> ir.Value:
-    """[K, N] → [N/32, K, 32]: 32-column strips, each stored whole."""
+    """[K, N] → [N/8, K, 8]: 8-column strips, each stored whole."""
     (k, n), element = ir.RankedTensorType(w.type).shape, ir.RankedTensorType(w.type).element_type
     dest = tensor.EmptyOp([n // STRIP, k, STRIP], element).result
     return linalg.PackOp(dest.type, w, dest, [1], [], [STRIP], outer_dims_perm=[1, 0]).result

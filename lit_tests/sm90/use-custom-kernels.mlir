@@ -22,22 +22,22 @@ module {
   util.global private @w = #flow.parameter.named<"model"::"w"> : tensor<256x512xf16>
 
   // A request-time product against a global weight, f32 accumulation rounded
-  // once to f16: the weight's pack into 32-column strips follows its load
+  // once to f16: the weight's pack into 8-column strips follows its load
   // (IREE hoists it to load time).
   // CHECK-LABEL: func.func @gemm
   // CHECK:         %[[W:.+]] = util.global.load @w : tensor<256x512xf16>
-  // CHECK-NEXT:    %[[E:.+]] = tensor.empty() : tensor<16x256x32xf16>
-  // CHECK-NEXT:    %[[S:.+]] = linalg.pack %[[W]] outer_dims_perm = [1, 0] inner_dims_pos = [1] inner_tiles = [32] into %[[E]] : tensor<256x512xf16> -> tensor<16x256x32xf16>
+  // CHECK-NEXT:    %[[E:.+]] = tensor.empty() : tensor<64x256x8xf16>
+  // CHECK-NEXT:    %[[S:.+]] = linalg.pack %[[W]] outer_dims_perm = [1, 0] inner_dims_pos = [1] inner_tiles = [8] into %[[E]] : tensor<256x512xf16> -> tensor<64x256x8xf16>
   // CHECK:         %[[MI:.+]] = arith.index_cast %[[M:.+]] : index to i32
-  // CHECK:         %[[Y:.+]] = flow.dispatch @stageml_sm90::@stageml_gemm_f16[%[[M]], %{{.+}}](%arg0, %[[S]], %[[MI]], %c256_i32, %c512_i32) : (tensor<?x256xf16>{%{{.+}}}, tensor<16x256x32xf16>, i32, i32, i32) -> tensor<?x512xf16>{%[[M]]}
+  // CHECK:         %[[Y:.+]] = flow.dispatch @stageml_sm90::@stageml_gemm_f16[%[[M]], %{{.+}}](%arg0, %[[S]], %[[MI]], %c256_i32, %c512_i32) : (tensor<?x256xf16>{%{{.+}}}, tensor<64x256x8xf16>, i32, i32, i32) -> tensor<?x512xf16>{%[[M]]}
   // CHECK-NOT:     linalg.matmul
   // CHECK:         return %[[Y]]
   // REF-LABEL: func.func @gemm
   // REF:         %[[S:.+]] = linalg.pack
   // REF:         %[[MI:.+]] = arith.index_cast %{{.+}} : index to i32
   // REF-DAG:     %[[X:.+]] = tensor.cast %arg0 : tensor<?x256xf16> to tensor<?x?xf16>
-  // REF-DAG:     %[[SC:.+]] = tensor.cast %[[S]] : tensor<16x256x32xf16> to tensor<?x?x32xf16>
-  // REF:         %[[R:.+]] = call @stageml_gemm_f16_reference(%[[X]], %[[SC]], %[[MI]], %c256_i32, %c512_i32) : (tensor<?x?xf16>, tensor<?x?x32xf16>, i32, i32, i32) -> tensor<?x?xf16>
+  // REF-DAG:     %[[SC:.+]] = tensor.cast %[[S]] : tensor<64x256x8xf16> to tensor<?x?x8xf16>
+  // REF:         %[[R:.+]] = call @stageml_gemm_f16_reference(%[[X]], %[[SC]], %[[MI]], %c256_i32, %c512_i32) : (tensor<?x?xf16>, tensor<?x?x8xf16>, i32, i32, i32) -> tensor<?x?xf16>
   // REF:         %[[Y:.+]] = tensor.cast %[[R]] : tensor<?x?xf16> to tensor<?x512xf16>
   // REF-NOT:     linalg.matmul
   // REF:         return %[[Y]]
@@ -62,17 +62,17 @@ module {
   // a function off the request path (no bt.stage): one fused kernel, w packed
   // inline; scale 2.0 travels as its f32 bits (0x40000000).
   // CHECK-LABEL: func.func @lora
-  // CHECK:         %[[S:.+]] = linalg.pack %arg3 {{.+}} -> tensor<16x256x32xbf16>
-  // CHECK:         flow.dispatch @stageml_sm90::@stageml_lora_bf16[%{{.+}}, %{{.+}}](%arg0, %[[S]], %arg1, %arg2, %{{.+}}, %c256_i32, %c512_i32, %c8_i32, %c1073741824_i32) : (tensor<?x256xbf16>{%{{.+}}}, tensor<16x256x32xbf16>, tensor<256x8xbf16>, tensor<8x512xbf16>, i32, i32, i32, i32, i32) -> tensor<?x512xbf16>
+  // CHECK:         %[[S:.+]] = linalg.pack %arg3 {{.+}} -> tensor<64x256x8xbf16>
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_lora_bf16[%{{.+}}, %{{.+}}](%arg0, %[[S]], %arg1, %arg2, %{{.+}}, %c256_i32, %c512_i32, %c8_i32, %c1073741824_i32) : (tensor<?x256xbf16>{%{{.+}}}, tensor<64x256x8xbf16>, tensor<256x8xbf16>, tensor<8x512xbf16>, i32, i32, i32, i32, i32) -> tensor<?x512xbf16>
   // CHECK-NOT:     linalg.matmul
   // CHECK-NOT:     stageml_gemm
   // CHECK:         return
   // REF-LABEL: func.func @lora
   // REF:         %[[S:.+]] = linalg.pack %arg3
-  // REF-DAG:     %[[SC:.+]] = tensor.cast %[[S]] : tensor<16x256x32xbf16> to tensor<?x?x32xbf16>
+  // REF-DAG:     %[[SC:.+]] = tensor.cast %[[S]] : tensor<64x256x8xbf16> to tensor<?x?x8xbf16>
   // REF-DAG:     %[[A:.+]] = tensor.cast %arg1 : tensor<256x8xbf16> to tensor<?x?xbf16>
   // REF-DAG:     %[[B:.+]] = tensor.cast %arg2 : tensor<8x512xbf16> to tensor<?x?xbf16>
-  // REF:         call @stageml_lora_bf16_reference(%{{.+}}, %[[SC]], %[[A]], %[[B]], %{{.+}}, %c256_i32, %c512_i32, %c8_i32, %c1073741824_i32) : (tensor<?x?xbf16>, tensor<?x?x32xbf16>, tensor<?x?xbf16>, tensor<?x?xbf16>, i32, i32, i32, i32, i32) -> tensor<?x?xbf16>
+  // REF:         call @stageml_lora_bf16_reference(%{{.+}}, %[[SC]], %[[A]], %[[B]], %{{.+}}, %c256_i32, %c512_i32, %c8_i32, %c1073741824_i32) : (tensor<?x?xbf16>, tensor<?x?x8xbf16>, tensor<?x?xbf16>, tensor<?x?xbf16>, i32, i32, i32, i32, i32) -> tensor<?x?xbf16>
   // REF-NOT:     linalg.matmul
   // REF:         return
   func.func @lora(%x: tensor<?x256xbf16>, %a: tensor<256x8xbf16>, %b: tensor<8x512xbf16>, %w: tensor<256x512xbf16>) -> tensor<?x512xbf16> {
@@ -178,7 +178,7 @@ module {
   }
 
   // x@A is also a result: the site stays unfused, its base and up products
-  // become GEMMs of their own (x@A's 8 columns are too few for the strips).
+  // become GEMMs of their own (x@A's 8 columns are too few: the kernels want N % 32 = 0).
   // CHECK-LABEL: func.func @lora_shared_down
   // CHECK-NOT:     stageml_lora
   // CHECK-COUNT-2: flow.dispatch @stageml_sm90::@stageml_gemm_bf16
@@ -232,17 +232,17 @@ module {
   // Adapter state: a request-path argument with bt.result = 0, result 0 of
   // the program's adapter function. The pack moves into the adapter
   // function, which returns the strips; the argument's type follows.
-  // CHECK-LABEL: func.func @adapter(%arg0: tensor<256x512xf16>) -> tensor<16x256x32xf16>
-  // CHECK:         %[[S:.+]] = linalg.pack %arg0 {{.+}} -> tensor<16x256x32xf16>
+  // CHECK-LABEL: func.func @adapter(%arg0: tensor<256x512xf16>) -> tensor<64x256x8xf16>
+  // CHECK:         %[[S:.+]] = linalg.pack %arg0 {{.+}} -> tensor<64x256x8xf16>
   // CHECK:         return %[[S]]
-  // CHECK-LABEL: func.func @forward(%arg0: tensor<16x256x32xf16> {bt.result = 0 : i64}, %arg1: tensor<?x256xf16>)
+  // CHECK-LABEL: func.func @forward(%arg0: tensor<64x256x8xf16> {bt.result = 0 : i64}, %arg1: tensor<?x256xf16>)
   // CHECK-NOT:     linalg.pack
   // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_f16[%{{.+}}, %{{.+}}](%arg1, %arg0,
-  // REF-LABEL: func.func @adapter(%arg0: tensor<256x512xf16>) -> tensor<16x256x32xf16>
+  // REF-LABEL: func.func @adapter(%arg0: tensor<256x512xf16>) -> tensor<64x256x8xf16>
   // REF:         linalg.pack %arg0
-  // REF-LABEL: func.func @forward(%arg0: tensor<16x256x32xf16> {bt.result = 0 : i64}, %arg1: tensor<?x256xf16>)
+  // REF-LABEL: func.func @forward(%arg0: tensor<64x256x8xf16> {bt.result = 0 : i64}, %arg1: tensor<?x256xf16>)
   // REF-NOT:     linalg.pack
-  // REF:         %[[SC:.+]] = tensor.cast %arg0 : tensor<16x256x32xf16> to tensor<?x?x32xf16>
+  // REF:         %[[SC:.+]] = tensor.cast %arg0 : tensor<64x256x8xf16> to tensor<?x?x8xf16>
   // REF:         call @stageml_gemm_f16_reference(%{{.+}}, %[[SC]],
   func.func @adapter(%w: tensor<256x512xf16>) -> tensor<256x512xf16> attributes {bt.stage = "adapter", bt.program = "adapted"} {
     return %w : tensor<256x512xf16>
@@ -361,7 +361,7 @@ module {
   }
 
   // No match: f32 products (the kernels are f16 / bf16), and N = 20, not a
-  // multiple of 32 (the strips).
+  // multiple of 32 (what the kernels need).
   // CHECK-LABEL: func.func @unmatched
   // CHECK-COUNT-2: linalg.matmul
   // CHECK-NOT:     flow.dispatch
@@ -387,7 +387,7 @@ module {
 
   // The references used are cloned in, private (IREE inlines them), each
   // marked with the kernel it stands for; those not used are not.
-  // REF-DAG: func.func private @stageml_gemm_f16_reference(%{{.+}}: tensor<?x?xf16>, %{{.+}}: tensor<?x?x32xf16>, %{{.+}}: i32, %{{.+}}: i32, %{{.+}}: i32) -> tensor<?x?xf16> attributes {stageml.reference_of = "stageml_gemm_f16"}
+  // REF-DAG: func.func private @stageml_gemm_f16_reference(%{{.+}}: tensor<?x?xf16>, %{{.+}}: tensor<?x?x8xf16>, %{{.+}}: i32, %{{.+}}: i32, %{{.+}}: i32) -> tensor<?x?xf16> attributes {stageml.reference_of = "stageml_gemm_f16"}
   // REF-DAG: func.func private @stageml_gemm_bf16_reference(
   // REF-DAG: func.func private @stageml_lora_f16_reference(
   // REF-DAG: func.func private @stageml_lora_bf16_reference(
