@@ -3,12 +3,15 @@ rewrite computes what the IREE input it replaced computes.
 
 For each kernel pattern (GEMM against adapter state, LoRA against a global
 weight with the scale after the second product or on x@A, BGMV against a
-slot table), f16 and bf16, and random K (a multiple of 8) and N (of 32): the
-IREE input like the lit test's is compiled for llvm-cpu as it is and after
-the pass, which replaces the match by a call of the kernel's CPU reference
-(compiler/sm90/reference.mlir) with the operands and push constants the
-kernel's dispatch would get. Both run on the same fresh random inputs at
-1, 5 and 16 rows; the rewritten module's relative error against the
+slot table), f16 and bf16, and random K (a multiple of 8 up to 136, so
+never the wgmma GEMM's) and N (of 32), and for the wgmma GEMM (the GEMM
+where K is a multiple of 256 and N of 128) each K of 256 and 512 with each
+N of 128 and 256: the IREE input like the lit test's is compiled for
+llvm-cpu as it is and after the pass, which replaces the match by a call of
+the kernel's CPU reference (compiler/sm90/reference.mlir) with the operands
+and push constants the kernel's dispatch would get. Both run on the same
+fresh random inputs at 1, 5 and 16 rows (the wgmma GEMM, made for any row
+count: 1, 5, 37 and 300); the rewritten module's relative error against the
 original must stay within 2e-3 (f16) / 1e-2 (bf16) (the kernels round less
 often than the linalg they replace; BGMV's f32 results within 1e-5), and the
 rewritten module must call the reference, so no test passes by not
@@ -31,14 +34,17 @@ from stageml.compiler.sm90 import use_custom_kernels  # noqa: F401 (registers th
 
 SEED = int(os.environ.get("STAGEML_SEED") or secrets.randbits(32))
 ROWS = (1, 5, 16)
+WGMMA_ROWS = (1, 5, 37, 300)
 RANK = 8
 SLOTS = 5
 DTYPES = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
 BOUNDS = {"f16": 2e-3, "bf16": 1e-2}
 F32_BOUND = 1e-5  # BGMV: f32 sums on both sides, in other orders
 
-CASES = [("gemm", t) for t in DTYPES] + [(f"lora-{order}", t) for order in ("outer", "inner") for t in DTYPES] \
-    + [("bgmv", t) for t in DTYPES]
+CASES = [("gemm", t) for t in DTYPES] \
+    + [(f"gemm_wgmma-{k}x{n}", t) for k in (256, 512) for n in (128, 256) for t in DTYPES] \
+    + [(f"lora-{order}", t) for order in ("outer", "inner") for t in DTYPES] + [("bgmv", t) for t in DTYPES]
+GEMMS = ("gemm", "gemm_wgmma")
 
 
 def _rng(*key) -> np.random.Generator:
@@ -200,9 +206,12 @@ def _rel_err(actual, expected) -> float:
 def test_reference_rewrite_computes_the_original(pattern, t):
     print(f"seed {SEED} (STAGEML_SEED={SEED} repeats it)")
     rng = _rng(pattern, t)
-    k, n = 8 * int(rng.integers(4, 18)), 32 * int(rng.integers(2, 5))
     kernel = pattern.split("-")[0]
-    if kernel == "gemm":
+    if kernel == "gemm_wgmma":
+        k, n = map(int, pattern.split("-")[1].split("x"))
+    else:
+        k, n = 8 * int(rng.integers(4, 18)), 32 * int(rng.integers(2, 5))
+    if kernel in GEMMS:
         text = _gemm_module(t, k, n)
     elif kernel == "lora":
         w = _random(rng, (k, n), t, k ** -0.5)
@@ -218,8 +227,8 @@ def test_reference_rewrite_computes_the_original(pattern, t):
     original, reference = _load(text), _load(rewritten)
 
     bound = F32_BOUND if kernel == "bgmv" else BOUNDS[t]
-    for rows in ROWS:
-        if kernel == "gemm":
+    for rows in WGMMA_ROWS if kernel == "gemm_wgmma" else ROWS:
+        if kernel in GEMMS:
             w, x = _random(rng, (k, n), t, k ** -0.5), _random(rng, (rows, k), t)
             outputs = [m["forward"](m["adapter"](w).to_host(), x).to_host() for m in (original, reference)]
         elif kernel == "lora":

@@ -5,9 +5,12 @@ import copy
 import json
 import re
 import shutil
+import struct
 
 import pytest
 import torch
+from iree import compiler as iree_compiler
+from iree.compiler import ir
 from torch.export import Dim
 
 import stageml
@@ -42,16 +45,51 @@ def sm90_artifacts(tmp_path_factory):
     return arts
 
 
+# @adapter's A@B (K = the rank, 8) and @forward's x@W (K = 256, N = 512: the wgmma kernel's multiples)
+MERGED_KERNELS = {"stageml_gemm": 1, "stageml_gemm_wgmma": 1}
+
+
 @needs_nvcc
-def test_merged_residual_dispatches_the_gemm_kernel(sm90_artifacts):
+def test_merged_residual_dispatches_the_gemm_kernels(sm90_artifacts):
     _, art, path = sm90_artifacts["merged"]
-    assert art.report.custom_kernels == {"stageml_gemm": 2}  # @adapter's A@B and @forward's x@W
-    assert "flow.dispatch @stageml_sm90::@stageml_gemm_f16" in art.mlir["iree"]
+    assert art.report.custom_kernels == MERGED_KERNELS
+    adapter, forward = art.mlir["iree"].split("func.func @forward")
+    assert "flow.dispatch @stageml_sm90::@stageml_gemm_f16[" in adapter.split("func.func @adapter")[1]
+    assert "flow.dispatch @stageml_sm90::@stageml_gemm_wgmma_f16[" in forward and "linalg.matmul" not in forward
     assert _ptx_targets(art) == {b"sm_90a", b"sm_90"}  # the kernels' PTX; IREE's codegen for the rest
-    assert b"stageml_gemm_f16" in art.vmfb
+    assert b"stageml_gemm_f16" in art.vmfb and b"stageml_gemm_wgmma_f16" in art.vmfb
     manifest = json.loads(open(path[:-5] + ".json").read())
     assert (manifest["target"]["name"], manifest["device"]) == ("sm90", "cuda")
-    assert manifest["report"]["custom_kernels"] == {"stageml_gemm": 2}
+    assert manifest["report"]["custom_kernels"] == MERGED_KERNELS
+
+
+@needs_nvcc
+def test_wgmma_gemm_keeps_its_dynamic_shared_memory(sm90_artifacts):
+    """hopper.mlir's `workgroup_local_memory` of the wgmma export survives
+    IREE's compile: the export in the residual's hal.executable carries it,
+    and the .vmfb's CUDA executable gives it as the export's
+    block_shared_memory_size, which IREE's runtime sets on the kernel
+    (cuFuncSetAttribute) and launches it with."""
+    _, art, _ = sm90_artifacts["merged"]
+    hal = iree_compiler.compile_str(art.mlir["iree"], target_backends=["cuda"],
+                                    extra_args=[f"--iree-hal-executable-object-search-path={build.build()}",
+                                                "--compile-to=executable-targets"])
+    with ir.Context():
+        module = ir.Module.parse(hal)
+        exports = {}
+
+        def visit(op):
+            if op.name == "hal.executable.export":
+                exports[ir.StringAttr(op.attributes["sym_name"]).value] = op
+            return ir.WalkResult.ADVANCE
+
+        module.operation.walk(visit)
+        export = exports["stageml_gemm_wgmma_f16"]
+        assert ir.IntegerAttr(export.attributes["workgroup_local_memory"]).value == 197632
+        assert [ir.IntegerAttr(d).value for d in ir.ArrayAttr(export.attributes["workgroup_size"])] == [256, 1, 1]
+        assert "workgroup_local_memory" not in exports["stageml_gemm_f16"].attributes
+    # the CUDA ExportDef (flatbuffer): block_dims (256, 1, 1), then block_shared_memory_size
+    assert struct.pack("<4I", 256, 1, 1, 197632) in art.vmfb
 
 
 @needs_nvcc
@@ -66,7 +104,9 @@ def test_unmerged_lora_site_is_one_fused_kernel(sm90_artifacts):
 @needs_nvcc
 def test_bfloat16_uses_the_bf16_kernels(sm90_artifacts):
     _, art, _ = sm90_artifacts["bf16"]
-    assert "@stageml_sm90::@stageml_gemm_bf16" in art.mlir["iree"]
+    assert art.report.custom_kernels == MERGED_KERNELS
+    assert "@stageml_sm90::@stageml_gemm_bf16[" in art.mlir["iree"]
+    assert "@stageml_sm90::@stageml_gemm_wgmma_bf16[" in art.mlir["iree"]
     assert "stageml_gemm_f16" not in art.mlir["iree"].split("hal.executable.source")[0]
 
 
@@ -138,12 +178,12 @@ def test_sm90_residual_matches_pytorch(sm90_artifacts, name):
 # CPU references (custom_kernels="reference") against PyTorch ------------------
 
 @pytest.mark.parametrize("dtype, bound", [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
-@pytest.mark.parametrize("merge, kernel", [(True, "stageml_gemm"), (False, "stageml_lora")])
-def test_sm90_rewrites_match_pytorch_on_the_cpu(tmp_path, dtype, bound, merge, kernel):
+@pytest.mark.parametrize("merge, kernels", [(True, MERGED_KERNELS), (False, {"stageml_lora": 1})])
+def test_sm90_rewrites_match_pytorch_on_the_cpu(tmp_path, dtype, bound, merge, kernels):
     seed = torch.seed()
     print(f"seed {seed}")
     model, art = _compile(dtype, merge_lora=merge, custom_kernels="reference")
-    assert art.report.custom_kernels.get(kernel, 0) >= 1 and art.target["device"] == "local-task"
+    assert art.report.custom_kernels == kernels and art.target["device"] == "local-task"
     mod = art.load(str(tmp_path / "reference.vmfb"))
     for rows in (1, 5, 33):
         x = torch.randn(rows, 256).to(dtype)

@@ -6,7 +6,9 @@
 // (tensor.cast to these dynamic types and back), so the matcher's output runs
 // on IREE's CPU backend and tests can compare it with the unrewritten module.
 // Each function carries `stageml.reference_of = "<kernel>"`, by which the pass
-// finds it; it is cloned into a module that calls it, and IREE inlines it.
+// finds it; it is cloned into a module that calls it, with the references it
+// calls in turn (a kernel with another's semantics and stronger guarantees
+// checks those, then calls the other's reference), and IREE inlines it.
 //
 // Every reference first asserts the caller guarantees of kernels.cu that its
 // operands and constants can show (cf.assert: a wrong match fails at run
@@ -19,6 +21,10 @@
 //     w is W [K,N] in 8-column strips: w[j,k,c] = W[k, 8j+c]
 //     y = T(sum_k f32(x[m,k]) * f32(W[k,n]))              (f32 sum, one rounding)
 //     guarantees: K % 8 = 0, N % 32 = 0, shapes as above
+//
+//   stageml_gemm_wgmma_T(x: [M,K] T, w: [N/8,K,8] T, M, K, N: i32) -> y: [M,N] T
+//     stageml_gemm_T's semantics, for any M (wgmma, split-K across a cluster)
+//     guarantees: K % 256 = 0, N % 128 = 0, shapes as stageml_gemm_T's
 //
 //   stageml_lora_T(x: [M,K] T, w: [N/8,K,8] T, a: [K,R] T, b: [R,N] T,
 //                  M, K, N, R, scale_bits: i32) -> y: [M,N] T
@@ -128,6 +134,42 @@ func.func private @stageml_gemm_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<
     %r = arith.truncf %acc : f32 to bf16
     linalg.yield %r : bf16
   } -> tensor<?x?xbf16>
+  return %y : tensor<?x?xbf16>
+}
+
+// ---------------------------------------------------------------- GEMM (wgmma)
+
+func.func private @stageml_gemm_wgmma_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x?x8xf16>,
+    %m: i32, %k: i32, %n: i32) -> tensor<?x?xf16> attributes {stageml.reference_of = "stageml_gemm_wgmma_f16"} {
+  %c0 = arith.constant 0 : index
+  %c128 = arith.constant 128 : index
+  %c256 = arith.constant 256 : index
+  %K = arith.index_cast %k : i32 to index
+  %N = arith.index_cast %n : i32 to index
+  %kr = arith.remui %K, %c256 : index
+  %nr = arith.remui %N, %c128 : index
+  %rem = arith.ori %kr, %nr : index
+  %aligned = arith.cmpi eq, %rem, %c0 : index
+  cf.assert %aligned, "stageml_gemm_wgmma_f16: K must be a multiple of 256 and N of 128"
+  %y = func.call @stageml_gemm_f16_reference(%x, %w, %m, %k, %n)
+      : (tensor<?x?xf16>, tensor<?x?x8xf16>, i32, i32, i32) -> tensor<?x?xf16>
+  return %y : tensor<?x?xf16>
+}
+
+func.func private @stageml_gemm_wgmma_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<?x?x8xbf16>,
+    %m: i32, %k: i32, %n: i32) -> tensor<?x?xbf16> attributes {stageml.reference_of = "stageml_gemm_wgmma_bf16"} {
+  %c0 = arith.constant 0 : index
+  %c128 = arith.constant 128 : index
+  %c256 = arith.constant 256 : index
+  %K = arith.index_cast %k : i32 to index
+  %N = arith.index_cast %n : i32 to index
+  %kr = arith.remui %K, %c256 : index
+  %nr = arith.remui %N, %c128 : index
+  %rem = arith.ori %kr, %nr : index
+  %aligned = arith.cmpi eq, %rem, %c0 : index
+  cf.assert %aligned, "stageml_gemm_wgmma_bf16: K must be a multiple of 256 and N of 128"
+  %y = func.call @stageml_gemm_bf16_reference(%x, %w, %m, %k, %n)
+      : (tensor<?x?xbf16>, tensor<?x?x8xbf16>, i32, i32, i32) -> tensor<?x?xbf16>
   return %y : tensor<?x?xbf16>
 }
 

@@ -11,6 +11,8 @@ multiple of 8 and N of 32:
   → %s = linalg.pack %w outer_dims_perm = [1, 0] inner_dims_pos = [1] inner_tiles = [8]
                        : tensor<KxNxT> -> tensor<N/8xKx8xT>
     %y = flow.dispatch @stageml_sm90::@stageml_gemm_T[%M, %N](%x, %s, M, K, N)
+    or, where K % 256 = 0 and N % 128 = 0, the same dispatch of @stageml_gemm_wgmma_T
+    (wgmma, split-K across a cluster of 4 blocks; any M)
 
   LoRA: a base product plus a scaled rank-R product of the same rows (R <= 32),
     %y = linalg.generic {arith.addf} ins(GEMM(%x, %w), s2 * GEMM(s1 * GEMM(%x, %a), %b))
@@ -28,7 +30,8 @@ multiple of 8 and N of 32:
     %y = tensor.cast(func.call @K_reference(tensor.cast(operands)))
   with the same operands, strips and push constants, and @K_reference
   (reference.mlir, the kernel's semantics in linalg) is cloned into the
-  module: the matcher's output then runs on IREE's CPU backend.
+  module with the references it calls: the matcher's output then runs on
+  IREE's CPU backend.
 
 The GEMM and LoRA kernels read w in 8-column strips ([N/8, K, 8]), and
 that layout work is earlier-stage work: the pack of a global weight follows
@@ -76,7 +79,8 @@ REFERENCES = pathlib.Path(__file__).with_name("reference.mlir")
 REFERENCE_OF = "stageml.reference_of"  # reference.mlir: the kernel a function is the reference of
 MAX_RANK = 32
 STRIP = 8  # columns of w per strip (kernels.cu)
-ALIGN = (8, 32)  # what stageml_gemm and stageml_lora need K and N to be multiples of
+# (K, N) multiples each kernel that reads strips needs (kernels.cu's guarantees)
+ALIGN = {"stageml_gemm": (8, 32), "stageml_lora": (8, 32), "stageml_gemm_wgmma": (256, 128)}
 LOWERINGS = ("dispatch", "reference")
 _ELEMENT_TYPES = ("f16", "bf16")
 
@@ -154,27 +158,30 @@ def _scaled(value):
     return mul.inputs[0], ir.FloatAttr(constants[0].owner.operation.attributes["value"]).value
 
 
-def _fits(x, w) -> bool:
-    x_type, (k, n) = ir.RankedTensorType(x.type), ir.RankedTensorType(w.type).shape
-    return x_type.rank == 2 and k % ALIGN[0] == 0 and n % ALIGN[1] == 0
+def _fits(kernel: str, x, w) -> bool:
+    """Whether `kernel` takes x @ w: x a matrix, w's K and N the multiples `kernel` needs."""
+    (k, n), (k_multiple, n_multiple) = ir.RankedTensorType(w.type).shape, ALIGN[kernel]
+    return ir.RankedTensorType(x.type).rank == 2 and k % k_multiple == 0 and n % n_multiple == 0
 
 
 def _gemm(op) -> _Match | None:
-    """A GEMM match of `op` (the truncf of a product), else None."""
+    """A GEMM match of `op` (the truncf of a product), else None: the wgmma
+    kernel where it fits, else the general one."""
     if len(op.results) != 1:
         return None
     found = _product(op.results[0])
-    if found is None or not _fits(*found):
+    if found is None or not _fits("stageml_gemm", *found):
         return None
     x, w = found
     k, n = ir.RankedTensorType(w.type).shape
-    return _Match("stageml_gemm", [x, w], [k, n])
+    kernel = "stageml_gemm_wgmma" if _fits("stageml_gemm_wgmma", x, w) else "stageml_gemm"
+    return _Match(kernel, [x, w], [k, n])
 
 
 def _lora_of(base, adapted) -> _Match | None:
     """`base` + `adapted` as a LoRA site, else None."""
     base_found = _product(base)
-    if base_found is None or not _fits(*base_found) or not _one_use(base) or not _one_use(adapted):
+    if base_found is None or not _fits("stageml_lora", *base_found) or not _one_use(base) or not _one_use(adapted):
         return None
     x, w = base_found
     inner, outer_scale = _scaled(adapted)
@@ -332,6 +339,7 @@ class _Rewriter:
         self.module_op, self.lowering = module_op, lowering
         self.strips = _Strips(module_op)
         self.references = {}  # kernel -> its reference function (lowering=reference), cloned on first use
+        self.library = None   # reference.mlir, parsed on the first clone
         self.counts = {}
 
     def patterns(self) -> rewrite.FrozenRewritePatternSet:
@@ -374,20 +382,42 @@ class _Rewriter:
         return False
 
     def _reference(self, kernel: str) -> None:
-        """Clones `kernel`'s reference function into the module (once)."""
+        """Clones `kernel`'s reference function into the module (once), and the references it calls."""
         if kernel in self.references:
             return
         body = self.module_op.regions[0].blocks[0]
-        for op in body.operations:  # (a module rewritten before holds it already)
-            if op.operation.name == "func.func" and facts.get(op.operation, REFERENCE_OF) == kernel:
-                self.references[kernel] = op.operation
-                return
-        library = ir.Module.parse(REFERENCES.read_text(), context=self.module_op.context)
-        for op in library.body.operations:
-            if facts.get(op.operation, REFERENCE_OF) == kernel:
-                self.references[kernel] = op.operation.clone(ip=ir.InsertionPoint(body))
-                return
-        raise CompileError(f"{REFERENCES.name} has no reference of {kernel}")  # (an internal bug)
+        present = _references(body)
+        if kernel in present:  # (a module rewritten before holds it, and what it calls, already)
+            self.references[kernel] = present[kernel]
+            return
+        if self.library is None:
+            self.library = ir.Module.parse(REFERENCES.read_text(), context=self.module_op.context)
+        library = _references(self.library.body)
+        if kernel not in library:
+            raise CompileError(f"{REFERENCES.name} has no reference of {kernel}")  # (an internal bug)
+        self.references[kernel] = library[kernel].clone(ip=ir.InsertionPoint(body))
+        by_symbol = {facts.symbol(f): k for k, f in library.items()}
+        for callee in _callees(library[kernel]):
+            self._reference(by_symbol[callee])
+
+
+def _references(block) -> dict:
+    """{kernel: its reference function} of the functions in `block`."""
+    return {facts.get(op.operation, REFERENCE_OF): op.operation for op in block.operations
+            if op.operation.name == "func.func" and REFERENCE_OF in op.operation.attributes}
+
+
+def _callees(func) -> list:
+    """The symbols `func` calls (func.call), in order."""
+    callees = []
+
+    def visit(op):
+        if op.name == "func.call":
+            callees.append(ir.FlatSymbolRefAttr(op.attributes["callee"]).value)
+        return ir.WalkResult.ADVANCE
+
+    func.walk(visit)
+    return callees
 
 
 def use_custom_kernels(module, lowering: str = "dispatch") -> dict:

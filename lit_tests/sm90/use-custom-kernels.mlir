@@ -14,6 +14,9 @@
 // CHECK: hal.executable.export public @stageml_gemm_f16 ordinal(0)
 // CHECK: hal.executable.export public @stageml_lora_bf16 ordinal(3)
 // CHECK: hal.executable.export public @stageml_bgmv_f16 ordinal(4)
+// CHECK: hal.executable.export public @stageml_gemm_wgmma_f16 ordinal(6)
+// CHECK: hal.return %{{.+}}, %c4, %{{.+}} : index, index, index
+// CHECK-NEXT: } <workgroup_size = [256 : index, 1 : index, 1 : index], workgroup_local_memory = 197632>
 
 // REF-NOT: hal.executable.source
 // REF-NOT: flow.dispatch
@@ -23,13 +26,14 @@ module {
 
   // A request-time product against a global weight, f32 accumulation rounded
   // once to f16: the weight's pack into 8-column strips follows its load
-  // (IREE hoists it to load time).
+  // (IREE hoists it to load time). K = 256 and N = 512 are multiples of 256
+  // and 128: the wgmma GEMM.
   // CHECK-LABEL: func.func @gemm
   // CHECK:         %[[W:.+]] = util.global.load @w : tensor<256x512xf16>
   // CHECK-NEXT:    %[[E:.+]] = tensor.empty() : tensor<64x256x8xf16>
   // CHECK-NEXT:    %[[S:.+]] = linalg.pack %[[W]] outer_dims_perm = [1, 0] inner_dims_pos = [1] inner_tiles = [8] into %[[E]] : tensor<256x512xf16> -> tensor<64x256x8xf16>
   // CHECK:         %[[MI:.+]] = arith.index_cast %[[M:.+]] : index to i32
-  // CHECK:         %[[Y:.+]] = flow.dispatch @stageml_sm90::@stageml_gemm_f16[%[[M]], %{{.+}}](%arg0, %[[S]], %[[MI]], %c256_i32, %c512_i32) : (tensor<?x256xf16>{%{{.+}}}, tensor<64x256x8xf16>, i32, i32, i32) -> tensor<?x512xf16>{%[[M]]}
+  // CHECK:         %[[Y:.+]] = flow.dispatch @stageml_sm90::@stageml_gemm_wgmma_f16[%[[M]], %{{.+}}](%arg0, %[[S]], %[[MI]], %c256_i32, %c512_i32) : (tensor<?x256xf16>{%{{.+}}}, tensor<64x256x8xf16>, i32, i32, i32) -> tensor<?x512xf16>{%[[M]]}
   // CHECK-NOT:     linalg.matmul
   // CHECK:         return %[[Y]]
   // REF-LABEL: func.func @gemm
@@ -37,7 +41,7 @@ module {
   // REF:         %[[MI:.+]] = arith.index_cast %{{.+}} : index to i32
   // REF-DAG:     %[[X:.+]] = tensor.cast %arg0 : tensor<?x256xf16> to tensor<?x?xf16>
   // REF-DAG:     %[[SC:.+]] = tensor.cast %[[S]] : tensor<64x256x8xf16> to tensor<?x?x8xf16>
-  // REF:         %[[R:.+]] = call @stageml_gemm_f16_reference(%[[X]], %[[SC]], %[[MI]], %c256_i32, %c512_i32) : (tensor<?x?xf16>, tensor<?x?x8xf16>, i32, i32, i32) -> tensor<?x?xf16>
+  // REF:         %[[R:.+]] = call @stageml_gemm_wgmma_f16_reference(%[[X]], %[[SC]], %[[MI]], %c256_i32, %c512_i32) : (tensor<?x?xf16>, tensor<?x?x8xf16>, i32, i32, i32) -> tensor<?x?xf16>
   // REF:         %[[Y:.+]] = tensor.cast %[[R]] : tensor<?x?xf16> to tensor<?x512xf16>
   // REF-NOT:     linalg.matmul
   // REF:         return %[[Y]]
@@ -56,6 +60,48 @@ module {
       linalg.yield %t : f16
     } -> tensor<?x512xf16>
     return %y : tensor<?x512xf16>
+  }
+
+  // Products off the request path (no bt.stage: the packs are inline) that
+  // miss one of the wgmma GEMM's multiples, K = 384 (not of 256) and N = 96
+  // (not of 128): the general GEMM.
+  // CHECK-LABEL: func.func @gemm_general
+  // CHECK:         %[[S1:.+]] = linalg.pack %arg1 {{.+}} : tensor<384x512xf16> -> tensor<64x384x8xf16>
+  // CHECK:         %[[S2:.+]] = linalg.pack %arg3 {{.+}} : tensor<256x96xf16> -> tensor<12x256x8xf16>
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_f16[%{{.+}}, %{{.+}}](%arg0, %[[S1]], %{{.+}}, %c384_i32, %c512_i32) : (tensor<?x384xf16>{%{{.+}}}, tensor<64x384x8xf16>, i32, i32, i32) -> tensor<?x512xf16>
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_f16[%{{.+}}, %{{.+}}](%arg2, %[[S2]], %{{.+}}, %c256_i32, %c96_i32) : (tensor<?x256xf16>{%{{.+}}}, tensor<12x256x8xf16>, i32, i32, i32) -> tensor<?x96xf16>
+  // CHECK-NOT:     stageml_gemm_wgmma
+  // CHECK-NOT:     linalg.matmul
+  // CHECK:         return
+  // REF-LABEL: func.func @gemm_general
+  // REF:         call @stageml_gemm_f16_reference(%{{.+}}, %{{.+}}, %{{.+}}, %c384_i32, %c512_i32)
+  // REF:         call @stageml_gemm_f16_reference(%{{.+}}, %{{.+}}, %{{.+}}, %c256_i32, %c96_i32)
+  // REF-NOT:     linalg.matmul
+  // REF:         return
+  func.func @gemm_general(%x: tensor<?x384xf16>, %w: tensor<384x512xf16>, %h: tensor<?x256xf16>, %v: tensor<256x96xf16>) -> (tensor<?x512xf16>, tensor<?x96xf16>) {
+    %c0 = arith.constant 0 : index
+    %zero = arith.constant 0.0 : f32
+    %m = tensor.dim %x, %c0 : tensor<?x384xf16>
+    %e = tensor.empty(%m) : tensor<?x512xf32>
+    %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<?x512xf32>) -> tensor<?x512xf32>
+    %p = linalg.matmul ins(%x, %w : tensor<?x384xf16>, tensor<384x512xf16>) outs(%acc : tensor<?x512xf32>) -> tensor<?x512xf32>
+    %e16 = tensor.empty(%m) : tensor<?x512xf16>
+    %y = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%p : tensor<?x512xf32>) outs(%e16 : tensor<?x512xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %t = arith.truncf %in : f32 to f16
+      linalg.yield %t : f16
+    } -> tensor<?x512xf16>
+    %n = tensor.dim %h, %c0 : tensor<?x256xf16>
+    %e2 = tensor.empty(%n) : tensor<?x96xf32>
+    %acc2 = linalg.fill ins(%zero : f32) outs(%e2 : tensor<?x96xf32>) -> tensor<?x96xf32>
+    %q = linalg.matmul ins(%h, %v : tensor<?x256xf16>, tensor<256x96xf16>) outs(%acc2 : tensor<?x96xf32>) -> tensor<?x96xf32>
+    %e2_16 = tensor.empty(%n) : tensor<?x96xf16>
+    %z = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%q : tensor<?x96xf32>) outs(%e2_16 : tensor<?x96xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %t = arith.truncf %in : f32 to f16
+      linalg.yield %t : f16
+    } -> tensor<?x96xf16>
+    return %y, %z : tensor<?x512xf16>, tensor<?x96xf16>
   }
 
   // An unmerged LoRA site, PEFT's order (scale after the second product), in
@@ -178,14 +224,19 @@ module {
   }
 
   // x@A is also a result: the site stays unfused, its base and up products
-  // become GEMMs of their own (x@A's 8 columns are too few: the kernels want N % 32 = 0).
+  // become GEMMs of their own (x@A's 8 columns are too few: the kernels want
+  // N % 32 = 0): the base a wgmma GEMM (K = 256, N = 512), the up product
+  // (K = 8) a general one.
   // CHECK-LABEL: func.func @lora_shared_down
   // CHECK-NOT:     stageml_lora
-  // CHECK-COUNT-2: flow.dispatch @stageml_sm90::@stageml_gemm_bf16
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_wgmma_bf16[%{{.+}}, %{{.+}}](%arg0, %{{.+}}, %{{.+}}, %c256_i32, %c512_i32)
+  // CHECK-NOT:     stageml_lora
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_bf16[%{{.+}}, %{{.+}}](%{{.+}}, %{{.+}}, %{{.+}}, %c8_i32, %c512_i32{{.*}})
   // CHECK-NOT:     stageml_lora
   // CHECK:         return
   // REF-LABEL: func.func @lora_shared_down
-  // REF-COUNT-2: call @stageml_gemm_bf16_reference
+  // REF:         call @stageml_gemm_wgmma_bf16_reference
+  // REF:         call @stageml_gemm_bf16_reference
   // REF:         return
   func.func @lora_shared_down(%x: tensor<?x256xbf16>, %a: tensor<256x8xbf16>, %b: tensor<8x512xbf16>, %w: tensor<256x512xbf16>) -> (tensor<?x512xbf16>, tensor<?x8xbf16>) {
     %c0 = arith.constant 0 : index
@@ -237,13 +288,13 @@ module {
   // CHECK:         return %[[S]]
   // CHECK-LABEL: func.func @forward(%arg0: tensor<64x256x8xf16> {bt.result = 0 : i64}, %arg1: tensor<?x256xf16>)
   // CHECK-NOT:     linalg.pack
-  // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_f16[%{{.+}}, %{{.+}}](%arg1, %arg0,
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_wgmma_f16[%{{.+}}, %{{.+}}](%arg1, %arg0,
   // REF-LABEL: func.func @adapter(%arg0: tensor<256x512xf16>) -> tensor<64x256x8xf16>
   // REF:         linalg.pack %arg0
   // REF-LABEL: func.func @forward(%arg0: tensor<64x256x8xf16> {bt.result = 0 : i64}, %arg1: tensor<?x256xf16>)
   // REF-NOT:     linalg.pack
   // REF:         %[[SC:.+]] = tensor.cast %arg0 : tensor<64x256x8xf16> to tensor<?x?x8xf16>
-  // REF:         call @stageml_gemm_f16_reference(%{{.+}}, %[[SC]],
+  // REF:         call @stageml_gemm_wgmma_f16_reference(%{{.+}}, %[[SC]],
   func.func @adapter(%w: tensor<256x512xf16>) -> tensor<256x512xf16> attributes {bt.stage = "adapter", bt.program = "adapted"} {
     return %w : tensor<256x512xf16>
   }
@@ -368,6 +419,7 @@ module {
   // REF-LABEL: func.func @unmatched
   // REF-COUNT-2: linalg.matmul
   // REF-NOT:     call
+  // REF:         return
   func.func @unmatched(%x: tensor<4x64xf32>, %w: tensor<64x32xf32>, %h: tensor<4x64xf16>, %v: tensor<64x20xf16>) -> (tensor<4x32xf32>, tensor<4x20xf16>) {
     %zero = arith.constant 0.0 : f32
     %e = tensor.empty() : tensor<4x32xf32>
@@ -386,9 +438,15 @@ module {
   }
 
   // The references used are cloned in, private (IREE inlines them), each
-  // marked with the kernel it stands for; those not used are not.
+  // marked with the kernel it stands for, with those they call (the wgmma
+  // GEMM's checks its multiples, then calls the GEMM's); those not used are not.
   // REF-DAG: func.func private @stageml_gemm_f16_reference(%{{.+}}: tensor<?x?xf16>, %{{.+}}: tensor<?x?x8xf16>, %{{.+}}: i32, %{{.+}}: i32, %{{.+}}: i32) -> tensor<?x?xf16> attributes {stageml.reference_of = "stageml_gemm_f16"}
   // REF-DAG: func.func private @stageml_gemm_bf16_reference(
+  // REF-DAG: func.func private @stageml_gemm_wgmma_f16_reference(%{{.+}}: tensor<?x?xf16>, %{{.+}}: tensor<?x?x8xf16>, %{{.+}}: i32, %{{.+}}: i32, %{{.+}}: i32) -> tensor<?x?xf16> attributes {stageml.reference_of = "stageml_gemm_wgmma_f16"}
+  // REF-DAG: cf.assert %{{.+}}, "stageml_gemm_wgmma_f16: K must be a multiple of 256 and N of 128"
+  // REF-DAG: call @stageml_gemm_f16_reference(%arg0, %arg1, %arg2, %arg3, %arg4)
+  // REF-DAG: func.func private @stageml_gemm_wgmma_bf16_reference(
+  // REF-DAG: call @stageml_gemm_bf16_reference(%arg0, %arg1, %arg2, %arg3, %arg4)
   // REF-DAG: func.func private @stageml_lora_f16_reference(
   // REF-DAG: func.func private @stageml_lora_bf16_reference(
   // REF-DAG: func.func private @stageml_bgmv_f16_reference(
