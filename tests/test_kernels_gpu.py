@@ -14,7 +14,10 @@ b ~ N(0,1/R)) with y poisoned with NaN: relative error ||y - ref|| / ||ref||
 row counts; odd shapes covering every path and tail; ranks that are not a
 multiple of 4 (a read element by element); misaligned pointers (a view one
 element into its buffer), which x or w send to the scalar path; M = 0, which
-must leave y alone. BGMV (rows of one token, each by its own slot's factor,
+must leave y alone. The wgmma GEMM at every token-tile size and its edges
+(1-513 rows, more than one tile along z) and on ragged model shapes; the
+fused expand (each row's own slot, slot 0 the base model, rows past the ids
+taking slot 0). BGMV (rows of one token, each by its own slot's factor,
 f32 out) against einsum: rel. err <= 1e-4. The seed is printed;
 STAGEML_SEED=<seed> repeats a run.
 """
@@ -46,17 +49,23 @@ BGMV_BOUND = 1e-4  # f32 accumulation and output
 SCALE = kc.SCALE
 
 TIMED = [(m, kc.TIMED_KN, kc.TIMED_KN) for m in kc.TIMED_M]
-ODD = [(3, 16, 64), (5, 128, 160), (70, 264, 192), (1, 11008, 4096), (2, 4104, 4096), (1, 8, 32),
-       (16, 264, 96), (17, 520, 96), (33, 72, 64), (64, 136, 64), (65, 40, 96), (130, 520, 160), (100, 8, 32)]
+ODD = [(3, 64, 64), (5, 128, 192), (70, 320, 192), (1, 11008, 4096), (2, 4160, 4096), (1, 64, 64),
+       (16, 320, 128), (17, 576, 128), (33, 64, 64), (64, 128, 64), (65, 64, 128), (130, 576, 192), (100, 64, 64)]
 RANKS = (4, 8, 16, 32)
 
 # (M, K, N, misaligned)
 GEMM = ([(M, K, N, ()) for M, K, N in TIMED + ODD]
-        + [(5, 128, 160, ("x",)), (70, 264, 192, ("w",)), (3, 256, 96, ("y",)), (0, 64, 64, ())])
+        + [(5, 128, 192, ("x",)), (70, 320, 192, ("w",)), (3, 256, 128, ("y",)), (0, 64, 64, ())])
+# stageml_gemm_wgmma (N % 64 == 0, K % 256 == 0): every token-tile size and its edges, more
+# than one tile along z, K-quarters of one stage, ragged shapes of the kind a model has
+WGMMA = ([(M, 4096, 4096, ()) for M in (1, 2, 3, 4, 5, 8, 9, 16, 17, 31, 32, 33, 63, 64, 65, 100, 127, 128,
+                                          129, 200, 255, 256, 257, 300, 513)]
+         + [(5, 256, 64, ()), (37, 512, 384, ()), (300, 768, 192, ()), (1, 11008, 4096, ()), (17, 4096, 11008, ()),
+            (5, 512, 256, ("x",)), (70, 256, 128, ("w",)), (3, 256, 64, ("y",)), (0, 256, 128, ())])
 # (M, K, N, R, misaligned)
 LORA = ([(M, K, N, kc.RANK, ()) for M, K, N in TIMED] + [(M, K, N, R, ()) for M, K, N in ODD for R in RANKS]
-        + [(1, 256, 64, 1, ()), (3, 136, 96, 5, ()), (80, 136, 96, 5, ()), (66, 64, 64, 6, ())]  # R % 4 != 0
-        + [(3, 256, 96, 8, ("a", "b", "y")), (80, 136, 96, 8, ("a", "b", "y")), (2, 64, 64, 4, ("x",)),
+        + [(1, 256, 64, 1, ()), (3, 128, 128, 5, ()), (80, 128, 128, 5, ()), (66, 64, 64, 6, ())]  # R % 4 != 0
+        + [(3, 256, 128, 8, ("a", "b", "y")), (80, 128, 128, 8, ("a", "b", "y")), (2, 64, 64, 4, ("x",)),
            (66, 64, 64, 4, ("w",)), (0, 64, 64, 4, ())])
 # (B, K, N)
 BGMV = [(1, 4096, 16), (32, 4096, 16), (32, 16, 4096), (7, 40, 72), (3, 8, 8),
@@ -92,8 +101,8 @@ def _check(kernels, kind: str, dtype: str, M: int, K: int, N: int, R: int = 0, m
     w = kc.tensor((K, N), dtype, K ** -0.5)
     wp = kc.strips(w, "w" in misaligned)
     y = kc.tensor((max(M, 1), N), dtype, 0.0, "y" in misaligned).fill_(float("nan"))
-    if kind == "gemm":
-        kernels.gemm(dtype, x, wp, y, M, K, N)
+    if kind in ("gemm", "gemm_wgmma"):
+        getattr(kernels, kind)(dtype, x, wp, y, M, K, N)
         ref = x.double() @ w.double()
     else:
         a = kc.tensor((K, R), dtype, K ** -0.5, "a" in misaligned)
@@ -114,6 +123,44 @@ def _check(kernels, kind: str, dtype: str, M: int, K: int, N: int, R: int = 0, m
 @pytest.mark.parametrize("M,K,N,misaligned", GEMM, ids=map(_id, GEMM))
 def test_gemm(kernels, dtype, M, K, N, misaligned):
     _check(kernels, "gemm", dtype, M, K, N, misaligned=misaligned)
+
+
+@pytest.mark.parametrize("dtype", kc.DTYPES)
+@pytest.mark.parametrize("M,K,N,misaligned", WGMMA, ids=map(_id, WGMMA))
+def test_gemm_wgmma(kernels, dtype, M, K, N, misaligned):
+    _check(kernels, "gemm_wgmma", dtype, M, K, N, misaligned=misaligned)
+
+
+# stageml_gemm_expand: (M, K, N, R, ids given, misaligned); slot 0 is the base model (zeros)
+EXPAND = [(M, 4096, 4096, 16, M, ()) for M in (1, 7, 32, 128, 256, 300)] + [
+    (5, 256, 64, 8, 5, ()), (37, 512, 384, 13, 37, ()), (9, 256, 128, 4, 4, ()), (3, 256, 128, 16, 3, ("x",)),
+    (0, 256, 128, 16, 0, ())]
+
+
+@pytest.mark.parametrize("dtype", kc.DTYPES)
+@pytest.mark.parametrize("M,K,N,R,rows,misaligned", EXPAND, ids=map(_id, EXPAND))
+def test_gemm_expand(kernels, dtype, M, K, N, R, rows, misaligned, slots=6):
+    """The base product of each row plus its own slot's expand t[m] @ table[ids[m]]."""
+    x = kc.tensor((M, K), dtype, 1.0, "x" in misaligned)
+    w = kc.tensor((K, N), dtype, K ** -0.5)
+    t = torch.randn(max(M, 1), R, device="cuda")
+    table = kc.tensor((slots, R, N), dtype, R ** -0.5)
+    table[0] = 0
+    ids = torch.randint(0, slots, (max(rows, 1),), device="cuda")
+    ids[: max(rows, 1) // 3] = 0  # rows of the base model among the tenants'
+    y = torch.full((max(M, 1), N), float("nan"), device="cuda", dtype=kc.DTYPES[dtype])
+    kernels.gemm_expand(dtype, x, kc.strips(w), t, ids, table, y, M, K, N, R, rows)
+    torch.cuda.synchronize()
+    what = f"gemm_expand {dtype} M={M} K={K} N={N} R={R} ids={rows} (seed {SEED})"
+    if M == 0:
+        assert bool(y.isnan().all()), f"{what}: M = 0 wrote y"
+        return
+    slot = torch.zeros(M, dtype=torch.long, device="cuda")
+    slot[: min(rows, M)] = ids[: min(rows, M)]
+    ref = x.double() @ w.double() + torch.einsum("mr,mrn->mn", t[:M].double(), table.double()[slot])
+    assert bool(torch.isfinite(y).all()), f"{what}: NaN/inf in y"
+    err = float(torch.linalg.norm(y.double() - ref) / torch.linalg.norm(ref))
+    assert err <= BOUNDS[dtype], f"{what}: rel. err {err:.2e} > {BOUNDS[dtype]:.0e}"
 
 
 @pytest.mark.parametrize("dtype", kc.DTYPES)

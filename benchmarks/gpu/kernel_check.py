@@ -36,11 +36,13 @@ HBM_BYTES_PER_S = 4.8e12
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 DTYPES_NAME = {v: k for k, v in DTYPES.items()}
 STREAM_MAX_M, STREAM_COLS, TILE = 64, 32, 64  # kernels.cu's grid constants
+STRIP, TILE_W = 8, 64  # w's tile layout [N/64][K/64][8][64][8]: 64x64 tiles of 8-column strips
+WG_COLS, WG_SPLIT, WG_TOKENS, WG_SMEM = 64, 2, 256, 197632  # stageml_gemm_wgmma's grid and shared memory
 THREADS = (256, 1, 1)
 SCALE = 0.5
 RANK = 16  # timed LoRA rank
 COPIES = 4
-TIMED_M = (1, 16, 64, 256)
+TIMED_M = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TIMED_KN = 4096
 
 
@@ -51,14 +53,31 @@ def grid(M: int, N: int) -> tuple:
     return (math.ceil(N / TILE), math.ceil(M / TILE), 1)
 
 
+def wgmma_grid(M: int, N: int) -> tuple:
+    """stageml_gemm_wgmma's grid: 64 columns by a cluster of 2 K-halves by 256 rows."""
+    return (N // WG_COLS, WG_SPLIT, max(1, math.ceil(M / WG_TOKENS)))
+
+
 class Kernels:
     def __init__(self, ptx: str):
         module = cupy.RawModule(path=ptx)
         self.fns = {f"stageml_{k}_{s}": module.get_function(f"stageml_{k}_{s}")
-                    for k in ("gemm", "lora", "bgmv") for s in DTYPES}
+                    for k in ("gemm", "gemm_wgmma", "gemm_expand", "lora", "bgmv") for s in DTYPES}
+        for k in ("gemm_wgmma", "gemm_expand"):
+            for s in DTYPES:
+                self.fns[f"stageml_{k}_{s}"].max_dynamic_shared_size_bytes = WG_SMEM
 
     def gemm(self, dtype: str, x, w, y, M: int, K: int, N: int) -> None:
         self._launch(f"stageml_gemm_{dtype}", (x, w, y), M, N, [M, K, N])
+
+    def gemm_wgmma(self, dtype: str, x, w, y, M: int, K: int, N: int) -> None:
+        """N % 64 == 0 and K % 256 == 0 (kernels.cu)."""
+        self._launch(f"stageml_gemm_wgmma_{dtype}", (x, w, y), M, N, [M, K, N], wgmma_grid(M, N), WG_SMEM)
+
+    def gemm_expand(self, dtype: str, x, w, t, ids, table, y, M: int, K: int, N: int, R: int, rows: int) -> None:
+        """y = x @ w + t @ table[ids] (t f32 [M, R], table [S, R, N]); N % 64 == 0 and K % 256 == 0."""
+        self._launch(f"stageml_gemm_expand_{dtype}", (x, w, t, ids, table, y), M, N, [M, K, N, R, rows],
+                     wgmma_grid(M, N), WG_SMEM)
 
     def lora(self, dtype: str, x, w, a, b, y, M: int, K: int, N: int, R: int, scale: float) -> None:
         bits = int(np.float32(scale).view(np.uint32))
@@ -68,10 +87,10 @@ class Kernels:
         self._launch(f"stageml_bgmv_{dtype}", (x, ids, table, y), B, N, [B, K, N],
                      ((N + STREAM_COLS - 1) // STREAM_COLS, max(B, 1), 1))
 
-    def _launch(self, name: str, buffers, M: int, N: int, constants: list, blocks=None) -> None:
+    def _launch(self, name: str, buffers, M: int, N: int, constants: list, blocks=None, smem: int = 0) -> None:
         args = tuple(np.uint64(t.data_ptr()) for t in buffers) + tuple(np.uint32(c) for c in constants)
         with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-            self.fns[name](blocks or grid(M, N), THREADS, args)
+            self.fns[name](blocks or grid(M, N), THREADS, args, shared_mem=smem)
 
 
 # --- inputs (shared with tests/test_kernels_gpu.py) ------------------------------
@@ -85,10 +104,11 @@ def tensor(shape, dtype: str, std: float, misaligned: bool = False) -> torch.Ten
 
 
 def strips(w: torch.Tensor, misaligned: bool = False) -> torch.Tensor:
-    """[K, N] w in the kernels' strip layout [N/32, K, 32] (kernels.cu)."""
+    """[K, N] w in the kernels' tile layout [N/64, K/64, 8, 64, 8] (kernels.cu)."""
     K, N = w.shape
-    packed = tensor((N // 32, K, 32), DTYPES_NAME[w.dtype], 0.0, misaligned)
-    return packed.copy_(w.view(K, N // 32, 32).permute(1, 0, 2))
+    shape = (N // TILE_W, K // TILE_W, TILE_W // STRIP, TILE_W, STRIP)
+    packed = tensor(shape, DTYPES_NAME[w.dtype], 0.0, misaligned)
+    return packed.copy_(w.view(K // TILE_W, TILE_W, N // TILE_W, TILE_W // STRIP, STRIP).permute(2, 0, 3, 1, 4))
 
 
 # --- timing ---------------------------------------------------------------------
@@ -131,15 +151,17 @@ def timings(kernels: Kernels, dtype: str, calls: int) -> list:
         x = tensor((M, K), dtype, 1.0)
         y = torch.empty(M, N, device="cuda", dtype=DTYPES[dtype])
         gemm = device_us(lambda i: kernels.gemm(dtype, x, wps[i % COPIES], y, M, K, N), calls)
+        wgmma = device_us(lambda i: kernels.gemm_wgmma(dtype, x, wps[i % COPIES], y, M, K, N), calls)
         cublas = device_us(lambda i: torch.matmul(x, ws[i % COPIES], out=y), calls)
         lora = device_us(lambda i: kernels.lora(dtype, x, wps[i % COPIES], As[i % COPIES], bs[i % COPIES], y,
                                                 M, K, N, RANK, SCALE), calls)
         eager = device_us(lambda i: x @ ws[i % COPIES] + SCALE * ((x @ As[i % COPIES]) @ bs[i % COPIES]), calls)
         io = (M * K + M * N) * 2
         rows.append(("gemm", dtype, M, gemm, cublas, (K * N * 2 + io) / HBM_BYTES_PER_S * 1e6, None))
+        rows.append(("gemm_wgmma", dtype, M, wgmma, cublas, (K * N * 2 + io) / HBM_BYTES_PER_S * 1e6, None))
         rows.append(("lora", dtype, M, lora, eager, ((K * N + K * RANK + RANK * N) * 2 + io) / HBM_BYTES_PER_S * 1e6,
                      lora / gemm))
-        print(f"timed {dtype} M={M}: gemm {gemm:.1f} µs (cuBLAS {cublas:.1f}), "
+        print(f"timed {dtype} M={M}: gemm {gemm:.1f} µs, gemm_wgmma {wgmma:.1f} µs (cuBLAS {cublas:.1f}), "
               f"lora {lora:.1f} µs (eager {eager:.1f})", flush=True)
     return rows
 
@@ -149,7 +171,7 @@ def table(rows: list) -> str:
              "| lora / gemm |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for kind, dtype, M, ours, theirs, floor, vs_gemm in rows:
-        torch_name = "cuBLAS" if kind == "gemm" else "eager"
+        torch_name = "eager" if kind == "lora" else "cuBLAS"
         lines.append(f"| {kind} | {dtype} | {M} | {ours:.1f} | {theirs:.1f} ({torch_name}) | {ours / theirs:.2f} "
                      f"| {floor:.1f} | {ours / floor:.2f} | {'' if vs_gemm is None else f'{vs_gemm:.2f}'} |")
     return "\n".join(lines)

@@ -20,39 +20,51 @@
 //     ids int64 slot numbers, which the kernel trusts: 0 <= ids[b] < S is the
 //     caller's. Any K and N. Grid (ceil(N / 32), max(B, 1), 1).
 //
+//   stageml_gemm_wgmma_T(const T* x, const T* w, T* y, int M, int K, int N)
+//     the GEMM's semantics, by wgmma and TMA for any M (below).
+//   stageml_gemm_expand_T(const T* x, const T* w, const float* t, const int64_t* ids, const T* table,
+//                         T* y, int M, int K, int N, int R, int rows)
+//     a multi-tenant LoRA site's base product with each row's expand added:
+//     y[m,n] = T(sum_k f32(x) f32(w) + sum_r t[m,r] * f32(table[slot(m),r,n])), one rounding;
+//     t [M,R] f32 (the row's shrink x @ A_slot, never rounded), table [S,R,N],
+//     slot(m) = ids[m] for m < rows (trusted in range), else 0.
+//
 // reference.mlir holds each kernel's CPU reference in linalg (the same
 // operands and push constants; use-custom-kernels{lowering=reference}
 // calls it instead of the kernel), and checks what of the caller
 // guarantees below its operands show. A change of semantics here changes it.
 //
-// w comes in StageML's strip layout: [N/32][K][32], each 32-column strip of
-// the [K,N] matrix stored whole, row after row. The sm90 pipeline packs w so
-// once, off the request path (at load for a static weight, in @adapter for
-// a merged one), and a block's 32 columns then stream from one contiguous
-// K*64-byte range instead of 64-byte pieces 2N bytes apart.
+// w comes in StageML's tile layout: [N/64][K/64][8][64][8], the [K,N] matrix
+// in 64x64 tiles (k-tiles inner), each tile 8 strips of 8 columns, a strip
+// 64 rows of 8 (16 bytes). The sm90 pipeline packs w so once, off the request
+// path (at load for a static weight, in @adapter for a merged one). A strip's
+// 8 rows are one 8x8 wgmma core matrix (128 contiguous bytes), and the tiles
+// a block streams are one contiguous range, fetched by one bulk copy.
 //
 // ABI (IREE CUDA): bindings as pointers in order (inputs, then y), then the
-// push constants as 32-bit values. Buffers are dense and row-major, but w in strips.
+// push constants as 32-bit values. Buffers are dense and row-major, but w in tiles.
 // Block: 256 x 1 x 1 threads. Grid, from M and N:
-//   M <= 64:  (ceil(N / 32), 1, 1)                 GEMV and streaming paths
-//   M >  64:  (ceil(N / 64), ceil(M / 64), 1)      tiled path
-// M = 0 launches ceil(N / 32) blocks, which return at once.
+//   gemm, lora   M <= 64: (ceil(N / 32), 1, 1)       GEMV and streaming paths
+//                M >  64: (ceil(N / 64), ceil(M / 64), 1)  tiled path
+//                M = 0 launches ceil(N / 32) blocks, which return at once.
+//   gemm_wgmma, gemm_expand: (N / 64, 2, max(1, ceil(M / 256))), clusters of
+//                (1, 2, 1) (compiled in), 197632 bytes of dynamic shared memory.
 //
-// Caller guarantees (GEMM and LoRA): K a multiple of 8, N of 32; 0 <= M; 1 <= R <= 32;
-// M*K, K*N, M*N < 2^31; pointers aligned to their element (2 bytes).
+// Caller guarantees: K and N multiples of 64 (gemm_wgmma, gemm_expand: K of 256); 0 <= M;
+// lora: 1 <= R <= 32; gemm_expand: 1 <= R; M*K, K*N, M*N < 2^31; pointers aligned to their element.
 // x and w 16-byte aligned select the fast paths; otherwise a scalar path
 // (slow, any grid) computes the same result. y, a and b may have any
 // 2-byte alignment on every path.
 //
 // GEMV path (M <= 4; for LoRA, R a multiple of 8 and a 16-byte aligned):
-// CUDA-core FMAs, f32. A block owns one 32-column strip of w; thread t reads
-// 16 bytes (8 columns) of rows t/4, t/4 + 64, ..., so each warp reads 8 whole
-// strip rows, 512 contiguous bytes, with up to 16 rows in flight per thread.
+// CUDA-core FMAs, f32. A block owns 32 columns (4 strips) of w; thread t reads
+// 16 bytes (8 columns, one strip) of rows t/4, t/4 + 64, ..., so each warp reads 8
+// rows of 4 strips, 128 contiguous bytes each, with up to 16 rows in flight per thread.
 // LoRA: a's row k rides along (ranks 8*(t%4)..+7). Warps are summed by
 // shuffles, then in shared memory.
 //
 // Streaming path (4 < M <= 64; latency-bound as measured on an H200, 2-4x
-// cuBLAS): a block owns one 32-column strip
+// cuBLAS): a block owns 32 columns
 // of w over all of K; its 8 warps take interleaved 16-row steps of K. Each lane loads
 // 4 rows x 4 columns of w (8-byte loads straight from global, several steps
 // in flight) and pairs rows with byte permutes into mma B fragments, so the
@@ -69,6 +81,19 @@
 // LoRA: a's 32-row x 32-rank tile rides in each stage (through registers,
 // as a's rows need not be 16-byte aligned) and is multiplied with the same
 // x fragments; the epilogue adds scale * t @ b as above.
+//
+// wgmma path (gemm_wgmma, gemm_expand; x and w 16-byte aligned): A and B swapped, so w is
+// the wgmma's M side and the tokens its N: a block computes y^T for 64 columns of w and up
+// to 256 tokens (wgmma m64nNk16, N = 16/32/64/128/256, the smallest that covers the block's
+// rows) over one half of K; the two blocks of a cluster take the two halves and add them
+// through distributed shared memory, each writing half of the tokens (no workspace, a
+// fixed order of sums). A ring of up to 8 stages in shared memory: w's tiles by one TMA
+// bulk copy a stage (completing on the stage's mbarrier), x's rows as 8x8 core matrices
+// by cp.async (zeros past M); both operands feed wgmma from shared memory by descriptor
+// (no swizzle: 128 bytes to the next core matrix along k, 1024 (w) or 16*k-depth (x)
+// along M or N). The two warpgroups take the first and the second half of each stage's k16 steps
+// and their partial tiles are added in the epilogue; one wgmma group stays in flight
+// while the next stage's copies are issued, stages ahead.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -81,11 +106,14 @@ constexpr int kStreamMaxM = 64;
 constexpr int kStreamCols = 32;
 constexpr int kTileM = 64, kTileN = 64, kTileK = 32;
 constexpr int kMaxRank = 32;
+constexpr int kStrip = 8;   // columns of w per strip
+constexpr int kTileW = 64;  // rows and columns of w per tile
 constexpr int kLd = 33;  // f32 row stride of the shared-memory reduction tiles (conflict-free)
 
-// Element (k, n) of w in the strip layout.
+// Element (k, n) of w in the tile layout [N/64][K/64][8][64][8].
 __device__ __forceinline__ size_t w_at(int k, int n, int K) {
-  return ((static_cast<size_t>(n >> 5) * K) + k) * 32 + (n & 31);
+  const size_t tile = static_cast<size_t>(n >> 6) * (K >> 6) + (k >> 6);
+  return ((tile * 8 + ((n >> 3) & 7)) * kTileW + (k & 63)) * kStrip + (n & 7);
 }
 
 template <typename T> struct IsBf16 { static constexpr bool value = false; };
@@ -191,7 +219,6 @@ __device__ __forceinline__ void gemv_path(const T* x, const T* w, const T* a, co
   const int cg = threadIdx.x & 3, rl = threadIdx.x >> 2, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int n0 = blockIdx.x * kStreamCols;
   if (n0 >= N) return;
-  const T* ws = w + w_at(0, n0, K) + 8 * cg;
   const bool a_on = LORA && 8 * cg < R;
   const uint4 zero = make_uint4(0, 0, 0, 0);
   float acc[MM][8] = {}, tacc[LORA ? MM : 1][8] = {};
@@ -200,7 +227,7 @@ __device__ __forceinline__ void gemv_path(const T* x, const T* w, const T* a, co
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k = k0 + 64 * u;
-      wv[u] = k < K ? __ldcs(reinterpret_cast<const uint4*>(ws + static_cast<size_t>(k) * 32)) : zero;
+      wv[u] = k < K ? __ldcs(reinterpret_cast<const uint4*>(w + w_at(k, n0 + 8 * cg, K))) : zero;
       if constexpr (LORA) av[u] = a_on && k < K ? __ldg(reinterpret_cast<const uint4*>(a + k * R + 8 * cg)) : zero;
     }
 #pragma unroll
@@ -390,7 +417,7 @@ __device__ __forceinline__ void tile_path(const T* x, const T* w, const T* a, co
   uint16_t* sm = reinterpret_cast<uint16_t*>(smem);
   const uint16_t* a16 = reinterpret_cast<const uint16_t*>(a);
 
-  const int xrow = tid >> 2, xcol = (tid & 3) * 8, wrow = tid >> 3, wcol = (tid & 7) * 8;
+  const int xrow = tid >> 2, xcol = (tid & 3) * 8, wrow = tid & 31, wcol = (tid >> 5) * 8;  // a warp: one strip
   auto load_tile = [&](int kt) {
     const int k0 = kt * kTileK;
     uint16_t* st = sm + (kt % S) * STAGE;
@@ -498,12 +525,33 @@ __device__ __forceinline__ void tile_path(const T* x, const T* w, const T* a, co
   epilogue<T, LORA>(out, 1, 0, OLD, ts, kTileM, kTileN, m0, n0, y, b, M, N, R, scale);
 }
 
+// What stageml_gemm_expand adds to a product: t[m] @ table[ids[m]] (f32), t [M, R] in f32,
+// table [S, R, N]; a row at or past `rows` (the ids given) takes slot 0. No table: nothing.
+template <typename T> struct Expand {
+  const float* t = nullptr;
+  const int64_t* ids = nullptr;
+  const T* table = nullptr;
+  int R = 0, rows = 0;
+  // v[i] += (t[m] @ table[slot of m])[n + i], i < W.
+  template <int W> __device__ __forceinline__ void add(int m, int n, int N, float (&v)[W]) const {
+    const T* b = table + static_cast<size_t>(m < rows ? ids[m] : 0) * R * N + n;
+    const float* tm = t + static_cast<size_t>(m) * R;
+#pragma unroll 4
+    for (int r = 0; r < R; ++r) {
+      const float tr = tm[r];
+#pragma unroll
+      for (int i = 0; i < W; ++i) v[i] = fmaf(tr, to_f32(b[static_cast<size_t>(r) * N + i]), v[i]);
+    }
+  }
+};
+
 // Any alignment, any grid: blocks stride over (row, 256 columns) units.
 template <typename T, bool LORA>
 __device__ __forceinline__ void scalar_path(const T* x, const T* w, const T* a, const T* b, T* y, int M, int K,
-                                            int N, int R, float scale, float* smem) {
+                                            int N, int R, float scale, const Expand<T>& ex, float* smem) {
   const int tid = threadIdx.x, tiles = (N + kThreads - 1) / kThreads;
-  for (int u = blockIdx.y * gridDim.x + blockIdx.x; u < M * tiles; u += gridDim.x * gridDim.y) {
+  const int block = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  for (int u = block; u < M * tiles; u += gridDim.x * gridDim.y * gridDim.z) {
     const int m = u / tiles, n = (u % tiles) * kThreads + tid;
     const T* xm = x + m * K;
     if constexpr (LORA) {  // t[m, :] by 8 k-lanes x 32 ranks
@@ -528,7 +576,9 @@ __device__ __forceinline__ void scalar_path(const T* x, const T* w, const T* a, 
         for (int r = 0; r < R; ++r) l = fmaf(smem[kThreads + r], to_f32(b[r * N + n]), l);
         v = fmaf(scale, l, v);
       }
-      y[m * N + n] = from_f32<T>(v);
+      float l[1] = {0.f};
+      if (ex.table) ex.add(m, n, N, l);
+      y[m * N + n] = from_f32<T>(v + l[0]);
     }
     if constexpr (LORA) __syncthreads();
   }
@@ -547,7 +597,7 @@ __device__ __forceinline__ void run(const T* x, const T* w, const T* a, const T*
   __shared__ __align__(16) float smem[kSmemFloats<LORA>];
   if (M <= 0) return;
   if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) & 15)
-    scalar_path<T, LORA>(x, w, a, b, y, M, K, N, R, scale, smem);
+    scalar_path<T, LORA>(x, w, a, b, y, M, K, N, R, scale, Expand<T>{}, smem);
   else if (M <= 4 && (!LORA || (R % 8 == 0 && (reinterpret_cast<uintptr_t>(a) & 15) == 0)))
     M == 1 ? gemv_path<T, 1, LORA>(x, w, a, b, y, M, K, N, R, scale, smem)
            : gemv_path<T, 4, LORA>(x, w, a, b, y, M, K, N, R, scale, smem);
@@ -646,6 +696,407 @@ __device__ __forceinline__ void bgmv(const T* x, const int64_t* ids, const T* ta
     bgmv_scalar(xb, t, y + static_cast<size_t>(b) * N + n0, K, N, width);
 }
 
+// ---- wgmma path (stageml_gemm_wgmma) ------------------------------------------
+
+constexpr int kWgCols = 64;        // columns of w (the wgmma M side) per block
+constexpr int kWgSplit = 2;        // blocks per cluster along y, each one half of K
+constexpr int kWgMaxTokens = 256;  // rows of x per block; more rows take more blocks along z
+constexpr int kWgRing = 196608;    // bytes of shared memory for the pipeline stages
+constexpr int kWgSmem = kWgRing + 1024;  // and the stages' mbarriers (hopper.mlir: workgroup_local_memory)
+constexpr int kWgRedLd = kWgCols + 4;    // f32 row stride of the partial tiles (conflict-free)
+constexpr int kWgTileBytes = kTileW * kTileW * 2;  // one 64 x 64 tile of w
+
+// k per pipeline stage (two tiles of w while x is small, else one) and stages (at most 8).
+template <int NT> constexpr int kWgK = NT <= 64 ? 2 * kTileW : kTileW;
+template <int NT> constexpr int kWgStageBytes = kWgK<NT> * (kWgCols + NT) * 2;
+template <int NT> constexpr int kWgStages = kWgRing / kWgStageBytes<NT> < 8 ? kWgRing / kWgStageBytes<NT> : 8;
+
+// A shared-memory matrix descriptor, no swizzle: 8x8 core matrices (8 rows of 16 bytes,
+// contiguous), `sbo` bytes apart along M (w's strips) or N (x's rows), 128 bytes along k.
+__device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t sbo) {
+  return static_cast<uint64_t>((smem_addr(p) & 0x3FFFF) >> 4) | static_cast<uint64_t>(128 >> 4) << 16 |
+         static_cast<uint64_t>(sbo >> 4) << 32;
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+}
+// TMA bulk copy global -> shared, `bytes` (a multiple of 16) completing on `bar`.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// 16 bytes of block `rank`'s shared memory, at the address `p` has in this block's.
+__device__ __forceinline__ float4 ld_cluster(const float* p, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
+  return v;
+}
+template <int N> __device__ __forceinline__ void wgmma_fence_operands(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d (64 x NT, f32) += A (64 x 16, M-major: w) * B (16 x NT, K-major: x^T), both from shared memory.
+template <int NT> struct Wgmma;
+template <> struct Wgmma<16> {
+  template <typename T> static __device__ __forceinline__ void run(float (&d)[8], uint64_t a, uint64_t b) {
+    if constexpr (IsBf16<T>::value)
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 1, 0;\n}"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+          "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+          : "l"(a), "l"(b), "r"(1));
+    else
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 1, 0;\n}"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+          "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+          : "l"(a), "l"(b), "r"(1));
+  }
+};
+template <> struct Wgmma<32> {
+  template <typename T> static __device__ __forceinline__ void run(float (&d)[16], uint64_t a, uint64_t b) {
+    if constexpr (IsBf16<T>::value)
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 1, 0;\n}"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+          "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+          : "l"(a), "l"(b), "r"(1));
+    else
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 1, 0;\n}"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+          "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+          : "l"(a), "l"(b), "r"(1));
+  }
+};
+template <> struct Wgmma<64> {
+  template <typename T> static __device__ __forceinline__ void run(float (&d)[32], uint64_t a, uint64_t b) {
+    if constexpr (IsBf16<T>::value)
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 0;\n}"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+          "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+          "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+          : "l"(a), "l"(b), "r"(1));
+    else
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 0;\n}"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+          "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+          "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+          : "l"(a), "l"(b), "r"(1));
+  }
+};
+template <> struct Wgmma<128> {
+  template <typename T> static __device__ __forceinline__ void run(float (&d)[64], uint64_t a, uint64_t b) {
+    if constexpr (IsBf16<T>::value)
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 1, 0;\n}"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+          "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+          "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+          "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]),
+          "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+          : "l"(a), "l"(b), "r"(1));
+    else
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 1, 0;\n}"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+          "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+          "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+          "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]),
+          "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+          : "l"(a), "l"(b), "r"(1));
+  }
+};
+template <> struct Wgmma<256> {
+  template <typename T> static __device__ __forceinline__ void run(float (&d)[128], uint64_t a, uint64_t b) {
+    if constexpr (IsBf16<T>::value)
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 1, 0;\n}"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+          "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+          "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+          "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]),
+          "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]),
+          "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]),
+          "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+          "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]),
+          "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]),
+          "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),
+          "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
+          "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]),
+          "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+          : "l"(a), "l"(b), "r"(1));
+    else
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 1, 0;\n}"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+          "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+          "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+          "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]),
+          "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]),
+          "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]),
+          "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+          "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]),
+          "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]),
+          "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),
+          "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
+          "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]),
+          "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+          : "l"(a), "l"(b), "r"(1));
+  }
+};
+
+// One block: y^T[n0 .. n0+64, m0 .. m0+NT] over its half of K, the halves summed across the
+// cluster. Warpgroup g takes the k16 steps [g * KS/2, (g+1) * KS/2) of every stage.
+template <typename T, int NT>
+__device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, int K, int N, const Expand<T>& ex,
+                                           uint8_t* smem) {
+  constexpr int S = kWgStages<NT>, KD = kWgK<NT>, KS = KD / 16;
+  constexpr int W_BYTES = kWgCols * KD * 2, X_BYTES = NT * KD * 2;
+  static_assert(S >= 3 && S * (W_BYTES + X_BYTES) <= kWgRing && 2 * NT * kWgRedLd * 4 <= kWgRing &&
+                    kWgRing + S * 8 <= kWgSmem, "shared memory");
+  uint8_t* wst = smem;
+  uint8_t* xst = smem + S * W_BYTES;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kWgRing);
+  const int tid = threadIdx.x, wg = tid >> 7;
+  const int n0 = blockIdx.x * kWgCols, m0 = blockIdx.z * kWgMaxTokens;
+  const uint32_t rank = cluster_rank();
+  const int kh = K / kWgSplit, k_begin = static_cast<int>(rank) * kh, KT = kh / KD;
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) mbar_init(&full[s], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  // Stage kt into slot kt % S: k-block (kt + blockIdx.x) % KT (the column tiles start at different
+  // k, so that they do not all read the same rows of x at once), w's KD/64 tiles (contiguous: one bulk copy) and x's NT rows as
+  // core matrices [NT/8][KD/8][8 rows] (cp.async, zeros past M). Every thread commits one
+  // cp.async group per stage, loaded or not.
+  const auto load = [&](int kt) {
+    if (kt < KT) {
+      const int slot = kt % S, k0 = k_begin + (kt + static_cast<int>(blockIdx.x)) % KT * KD;
+      if (tid == 0) {
+        mbar_expect_tx(&full[slot], W_BYTES);
+        bulk_copy(wst + slot * W_BYTES, w + w_at(k0, n0, K), W_BYTES, &full[slot]);
+      }
+      for (int q = tid; q < NT * KD / 8; q += kThreads) {
+        const int row = q / KD * 8 + (q & 7), kc = (q >> 3) % (KD / 8);
+        const bool ok = m0 + row < M;
+        cp_async16(xst + slot * X_BYTES + q * 16, ok ? x + static_cast<size_t>(m0 + row) * K + k0 + kc * 8 : x, ok);
+      }
+    }
+    cp_async_commit();
+  };
+  for (int s = 0; s < S - 2; ++s) load(s);
+
+  float d[NT / 2];
+#pragma unroll
+  for (int i = 0; i < NT / 2; ++i) d[i] = 0.f;
+  for (int kt = 0; kt < KT; ++kt) {
+    const int slot = kt % S;
+    cp_async_wait<kWgStages<NT> - 3>();  // this thread's rows of x for stage kt
+    mbar_wait(&full[slot], (kt / S) & 1);  // w for stage kt
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // x's (generic) writes, seen by wgmma
+    __syncthreads();  // all of stage kt is in; both warpgroups are done with stage kt - 2
+    load(kt + S - 2);  // into stage kt - 2's slot
+    const uint8_t* ws = wst + slot * W_BYTES;
+    const uint8_t* xs = xst + slot * X_BYTES;
+    wgmma_fence_operands(d);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int i = 0; i < KS / 2; ++i) {
+      const int j = wg * (KS / 2) + i;  // k16 step: tile j / 4 of w, k-groups 2 (j % 4) and on
+      Wgmma<NT>::template run<T>(d, wg_desc(ws + j / 4 * kWgTileBytes + j % 4 * 256, 1024),
+                                 wg_desc(xs + j * 256, KD * 16));
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // stage kt - 1 done
+    wgmma_fence_operands(d);
+  }
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  wgmma_fence_operands(d);
+  cp_async_wait<0>();
+  __syncthreads();  // the stages are free
+
+  // The warpgroups' partial tiles, red[g][token][column] in f32. Accumulator d[4j + 2h + e] is
+  // column 16 * warp + lane / 4 + 8h, token 8j + 2 * (lane % 4) + e.
+  float* red = reinterpret_cast<float*>(smem);
+  const int lane = tid & 31, col = ((tid >> 5) & 3) * 16 + (lane >> 2);
+  float* mine = red + wg * NT * kWgRedLd;
+#pragma unroll
+  for (int j = 0; j < NT / 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) mine[(8 * j + 2 * (lane & 3) + e) * kWgRedLd + col + 8 * h] = d[4 * j + 2 * h + e];
+  cluster_sync();  // every partial tile of the cluster is written
+  // Block `rank` sums tokens [rank * NT/2, (rank + 1) * NT/2) of the four, in a fixed order, 4 columns a thread.
+  constexpr int kRows = NT / kWgSplit, kQuads = kWgCols / 4;
+  for (int e = tid; e < kRows * kQuads; e += kThreads) {
+    const int tok = static_cast<int>(rank) * kRows + e / kQuads, c4 = (e % kQuads) * 4;
+    const int m = m0 + tok;
+    if (m >= M) continue;
+    float l[4] = {0.f, 0.f, 0.f, 0.f};
+    if (ex.table) ex.add(m, n0 + c4, N, l);
+    float4 s = make_float4(l[0], l[1], l[2], l[3]);
+#pragma unroll
+    for (int src = 0; src < 2 * kWgSplit; ++src) {
+      const float4 v = ld_cluster(red + ((src & 1) * NT + tok) * kWgRedLd + c4, src >> 1);
+      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+    }
+    T* out = y + static_cast<size_t>(m) * N + n0 + c4;
+    out[0] = from_f32<T>(s.x), out[1] = from_f32<T>(s.y), out[2] = from_f32<T>(s.z), out[3] = from_f32<T>(s.w);
+  }
+  cluster_sync();  // no block leaves while another reads its shared memory
+}
+
+template <typename T>
+__device__ __forceinline__ void gemm_wgmma(const T* x, const T* w, T* y, int M, int K, int N, const Expand<T>& ex) {
+  extern __shared__ __align__(128) uint8_t wg_smem[];
+  if (M <= 0) return;
+  if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) & 15) {
+    scalar_path<T, false>(x, w, nullptr, nullptr, y, M, K, N, 0, 0.f, ex, reinterpret_cast<float*>(wg_smem));
+    return;
+  }
+  const int rows = min(kWgMaxTokens, M - static_cast<int>(blockIdx.z) * kWgMaxTokens);
+  if (rows <= 16) wgmma_path<T, 16>(x, w, y, M, K, N, ex, wg_smem);
+  else if (rows <= 32) wgmma_path<T, 32>(x, w, y, M, K, N, ex, wg_smem);
+  else if (rows <= 64) wgmma_path<T, 64>(x, w, y, M, K, N, ex, wg_smem);
+  else if (rows <= 128) wgmma_path<T, 128>(x, w, y, M, K, N, ex, wg_smem);
+  else wgmma_path<T, 256>(x, w, y, M, K, N, ex, wg_smem);
+}
+
 }  // namespace
 
 #define STAGEML_KERNELS(SUFFIX, T)                                                                              \
@@ -659,6 +1110,17 @@ __device__ __forceinline__ void bgmv(const T* x, const int64_t* ids, const T* ta
                             const T* __restrict__ b, T* __restrict__ y, int M, int K, int N, int R,             \
                             uint32_t scale_bits) {                                                              \
     run<T, true>(x, w, a, b, y, M, K, N, R, __uint_as_float(scale_bits));                                       \
+  }                                                                                                             \
+  extern "C" __global__ void __cluster_dims__(1, kWgSplit, 1) __launch_bounds__(kThreads, 1)                   \
+      stageml_gemm_wgmma_##SUFFIX(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int M,   \
+                                  int K, int N) {                                                               \
+    gemm_wgmma<T>(x, w, y, M, K, N, Expand<T>{});                                                               \
+  }                                                                                                             \
+  extern "C" __global__ void __cluster_dims__(1, kWgSplit, 1) __launch_bounds__(kThreads, 1)                   \
+      stageml_gemm_expand_##SUFFIX(const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ t, \
+                                   const int64_t* __restrict__ ids, const T* __restrict__ table,              \
+                                   T* __restrict__ y, int M, int K, int N, int R, int rows) {                   \
+    gemm_wgmma<T>(x, w, y, M, K, N, Expand<T>{t, ids, table, R, rows});                                         \
   }                                                                                                             \
   extern "C" __global__ void __launch_bounds__(kThreads)                                                        \
       stageml_bgmv_##SUFFIX(const T* __restrict__ x, const int64_t* __restrict__ ids,                           \
