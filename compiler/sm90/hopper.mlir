@@ -16,11 +16,11 @@
 // kernel runs 256 threads per block; its grid comes from the workload (M, N),
 // by the formula kernels.cu documents: for GEMM and LoRA, one block per 32
 // columns when M <= 64 (the memory-bound regimes), else one per 64x64 tile;
-// for the wgmma GEMM, (N/128, 4, max(1, ceil(M/256))), the 4 blocks along y
-// one thread-block cluster that splits K (the cluster shape is compiled into
-// the kernel), each block with 197632 bytes of dynamic shared memory, which
-// IREE's CUDA runtime sets and launches with (`workgroup_local_memory`);
-// for BGMV, one per 32 columns of each row.
+// for the wgmma GEMM, (N/64, 2, max(1, ceil(M/256))), the 2 blocks along y
+// one thread-block cluster that splits K in halves (the cluster shape is
+// compiled into the kernel), each block with 197632 bytes of dynamic shared
+// memory, which IREE's CUDA runtime sets and launches with
+// (`workgroup_local_memory`); for BGMV, one per 32 columns of each row.
 #sm90 = #hal.executable.target<"cuda", "cuda-nvptx-fb", {
   iree_codegen.target_info = #iree_gpu.target<arch = "sm_90", features = "+ptx80",
     wgp = <compute = fp64|fp32|fp16|int64|int32|int16|int8, storage = b64|b32|b16|b8,
@@ -33,7 +33,7 @@
     chip = <wgp_count = 132>>
 }>
 
-// x[M,K] @ w[K,N] → y[M,N] (w in 8-column strips); constants M, K, N.
+// x[M,K] @ w[K,N] → y[M,N] (w in tiles, [N/64, K/64, 8, 64, 8]); constants M, K, N.
 #gemm = #hal.pipeline.layout<constants = 3, bindings = [
   #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>,
   #hal.pipeline.binding<storage_buffer>]>
@@ -128,8 +128,8 @@ module attributes {hal.device.targets = [#hal.device.target<"cuda", [#sm90]> : !
     hal.executable.export public @stageml_gemm_wgmma_f16 ordinal(6) layout(#gemm)
         count(%device: !hal.device, %m: index, %n: index) -> (index, index, index) {
       %c1 = arith.constant 1 : index
-      %cols = arith.constant 128 : index
-      %cluster = arith.constant 4 : index
+      %cols = arith.constant 64 : index
+      %cluster = arith.constant 2 : index
       %rows = arith.constant 256 : index
       %x = arith.ceildivui %n, %cols : index
       %row_blocks = arith.ceildivui %m, %rows : index
@@ -140,8 +140,8 @@ module attributes {hal.device.targets = [#hal.device.target<"cuda", [#sm90]> : !
     hal.executable.export public @stageml_gemm_wgmma_bf16 ordinal(7) layout(#gemm)
         count(%device: !hal.device, %m: index, %n: index) -> (index, index, index) {
       %c1 = arith.constant 1 : index
-      %cols = arith.constant 128 : index
-      %cluster = arith.constant 4 : index
+      %cols = arith.constant 64 : index
+      %cluster = arith.constant 2 : index
       %rows = arith.constant 256 : index
       %x = arith.ceildivui %n, %cols : index
       %row_blocks = arith.ceildivui %m, %rows : index

@@ -6,9 +6,11 @@
 // (tensor.cast to these dynamic types and back), so the matcher's output runs
 // on IREE's CPU backend and tests can compare it with the unrewritten module.
 // Each function carries `stageml.reference_of = "<kernel>"`, by which the pass
-// finds it; it is cloned into a module that calls it, with the references it
-// calls in turn (a kernel with another's semantics and stronger guarantees
-// checks those, then calls the other's reference), and IREE inlines it.
+// finds it; it is cloned into a module that calls it, with the functions it
+// calls in turn: another kernel's reference (a kernel with another's
+// semantics and stronger guarantees checks those, then calls the other's
+// reference) or a part several references share, which carries
+// `stageml.reference_part`. IREE inlines them all.
 //
 // Every reference first asserts the caller guarantees of kernels.cu that its
 // operands and constants can show (cf.assert: a wrong match fails at run
@@ -17,16 +19,22 @@
 // rounding points; only the order of the f32 sums differs. T is f16 or bf16;
 // rounding to T is round-to-nearest-even (__float2half_rn / __float2bfloat16_rn).
 //
-//   stageml_gemm_T(x: [M,K] T, w: [N/8,K,8] T, M, K, N: i32) -> y: [M,N] T
-//     w is W [K,N] in 8-column strips: w[j,k,c] = W[k, 8j+c]
+// w is W [K,N] in tiles, [N/64, K/64, 8, 64, 8]: 64x64 tiles of W, the k-tiles
+// of a column tile contiguous, each tile 8 strips of 8 columns stored whole:
+//   w[tn,tk,s,kk,c] = W[64tk + kk, 64tn + 8s + c]
+// (use-custom-kernels packs so: tensor.expand_shape of W to [K/64, 64, N/64, 8, 8]
+// and linalg.transpose [2, 0, 3, 1, 4]; the references undo it in
+// stageml_product_T).
+//
+//   stageml_gemm_T(x: [M,K] T, w: [N/64,K/64,8,64,8] T, M, K, N: i32) -> y: [M,N] T
 //     y = T(sum_k f32(x[m,k]) * f32(W[k,n]))              (f32 sum, one rounding)
-//     guarantees: K % 8 = 0, N % 32 = 0, shapes as above
+//     guarantees: K % 64 = 0, N % 64 = 0, shapes as above
 //
-//   stageml_gemm_wgmma_T(x: [M,K] T, w: [N/8,K,8] T, M, K, N: i32) -> y: [M,N] T
+//   stageml_gemm_wgmma_T(x: [M,K] T, w: [N/64,K/64,8,64,8] T, M, K, N: i32) -> y: [M,N] T
 //     stageml_gemm_T's semantics, for any M (wgmma, split-K across a cluster)
-//     guarantees: K % 256 = 0, N % 128 = 0, shapes as stageml_gemm_T's
+//     guarantees: K % 256 = 0, N % 64 = 0, shapes as stageml_gemm_T's
 //
-//   stageml_lora_T(x: [M,K] T, w: [N/8,K,8] T, a: [K,R] T, b: [R,N] T,
+//   stageml_lora_T(x: [M,K] T, w: [N/64,K/64,8,64,8] T, a: [K,R] T, b: [R,N] T,
 //                  M, K, N, R, scale_bits: i32) -> y: [M,N] T
 //     scale = scale_bits as f32 (arith.bitcast); t = x@a stays f32 (never T)
 //     v[m,n] = sum_k f32(x) * f32(W)                      (f32)
@@ -34,7 +42,7 @@
 //     l[m,n] = sum_r t[m,r] * f32(b[r,n])                 (f32)
 //     y = T(fma(scale, l, v))                             (the scale once, after
 //                                                          both products; one rounding)
-//     guarantees: K % 8 = 0, N % 32 = 0, 1 <= R <= 32, shapes as above
+//     guarantees: K % 64 = 0, N % 64 = 0, 1 <= R <= 32, shapes as above
 //
 //   stageml_bgmv_T(x: [B,1,K] T, ids: [B] i64, table: [S,K,N] T, B, K, N: i32)
 //       -> y: [B,1,N] f32
@@ -45,23 +53,64 @@
 // M (B) is the row count, the dispatch's first push constant; rows = 0 gives
 // an empty result, as the kernels write nothing then.
 
+// ---------------------------------------------------------------- the product
+
+// v[m,n] = sum_k f32(x[m,k]) * f32(W[k,n]) (f32), W unpacked from w's tiles;
+// K and N are w's (its callers check they are x's and the push constants').
+func.func private @stageml_product_f16(%x: tensor<?x?xf16>, %w: tensor<?x?x8x64x8xf16>) -> tensor<?x?xf32>
+    attributes {stageml.reference_part} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c64 = arith.constant 64 : index
+  %zero = arith.constant 0.0 : f32
+  %M = tensor.dim %x, %c0 : tensor<?x?xf16>
+  %tn = tensor.dim %w, %c0 : tensor<?x?x8x64x8xf16>
+  %tk = tensor.dim %w, %c1 : tensor<?x?x8x64x8xf16>
+  %N = arith.muli %tn, %c64 : index
+  %ue = tensor.empty(%tk, %tn) : tensor<?x64x?x8x8xf16>
+  %u = linalg.transpose ins(%w : tensor<?x?x8x64x8xf16>) outs(%ue : tensor<?x64x?x8x8xf16>) permutation = [1, 3, 0, 2, 4]
+  %wkn = tensor.collapse_shape %u [[0, 1], [2, 3, 4]] : tensor<?x64x?x8x8xf16> into tensor<?x?xf16>
+  %ve = tensor.empty(%M, %N) : tensor<?x?xf32>
+  %v0 = linalg.fill ins(%zero : f32) outs(%ve : tensor<?x?xf32>) -> tensor<?x?xf32>
+  %v = linalg.matmul ins(%x, %wkn : tensor<?x?xf16>, tensor<?x?xf16>) outs(%v0 : tensor<?x?xf32>) -> tensor<?x?xf32>
+  return %v : tensor<?x?xf32>
+}
+
+func.func private @stageml_product_bf16(%x: tensor<?x?xbf16>, %w: tensor<?x?x8x64x8xbf16>) -> tensor<?x?xf32>
+    attributes {stageml.reference_part} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c64 = arith.constant 64 : index
+  %zero = arith.constant 0.0 : f32
+  %M = tensor.dim %x, %c0 : tensor<?x?xbf16>
+  %tn = tensor.dim %w, %c0 : tensor<?x?x8x64x8xbf16>
+  %tk = tensor.dim %w, %c1 : tensor<?x?x8x64x8xbf16>
+  %N = arith.muli %tn, %c64 : index
+  %ue = tensor.empty(%tk, %tn) : tensor<?x64x?x8x8xbf16>
+  %u = linalg.transpose ins(%w : tensor<?x?x8x64x8xbf16>) outs(%ue : tensor<?x64x?x8x8xbf16>) permutation = [1, 3, 0, 2, 4]
+  %wkn = tensor.collapse_shape %u [[0, 1], [2, 3, 4]] : tensor<?x64x?x8x8xbf16> into tensor<?x?xbf16>
+  %ve = tensor.empty(%M, %N) : tensor<?x?xf32>
+  %v0 = linalg.fill ins(%zero : f32) outs(%ve : tensor<?x?xf32>) -> tensor<?x?xf32>
+  %v = linalg.matmul ins(%x, %wkn : tensor<?x?xbf16>, tensor<?x?xbf16>) outs(%v0 : tensor<?x?xf32>) -> tensor<?x?xf32>
+  return %v : tensor<?x?xf32>
+}
+
 // ---------------------------------------------------------------- GEMM
 
-func.func private @stageml_gemm_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x?x8xf16>,
+func.func private @stageml_gemm_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x?x8x64x8xf16>,
     %m: i32, %k: i32, %n: i32) -> tensor<?x?xf16> attributes {stageml.reference_of = "stageml_gemm_f16"} {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
-  %c8 = arith.constant 8 : index
-  %c32 = arith.constant 32 : index
-  %zero = arith.constant 0.0 : f32
+  %c64 = arith.constant 64 : index
   %M = arith.index_cast %m : i32 to index
   %K = arith.index_cast %k : i32 to index
   %N = arith.index_cast %n : i32 to index
   %xm = tensor.dim %x, %c0 : tensor<?x?xf16>
   %xk = tensor.dim %x, %c1 : tensor<?x?xf16>
-  %ws = tensor.dim %w, %c0 : tensor<?x?x8xf16>
-  %wk = tensor.dim %w, %c1 : tensor<?x?x8xf16>
-  %wn = arith.muli %ws, %c8 : index
+  %tn = tensor.dim %w, %c0 : tensor<?x?x8x64x8xf16>
+  %tk = tensor.dim %w, %c1 : tensor<?x?x8x64x8xf16>
+  %wn = arith.muli %tn, %c64 : index
+  %wk = arith.muli %tk, %c64 : index
   %s0 = arith.cmpi eq, %xm, %M : index
   %s1 = arith.cmpi eq, %xk, %K : index
   %s2 = arith.cmpi eq, %wk, %K : index
@@ -69,18 +118,13 @@ func.func private @stageml_gemm_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x
   %s01 = arith.andi %s0, %s1 : i1
   %s23 = arith.andi %s2, %s3 : i1
   %shapes = arith.andi %s01, %s23 : i1
-  cf.assert %shapes, "stageml_gemm_f16: x must be [M, K] and w [N/8, K, 8] (push constants M, K, N)"
-  %kr = arith.remui %K, %c8 : index
-  %nr = arith.remui %N, %c32 : index
+  cf.assert %shapes, "stageml_gemm_f16: x must be [M, K] and w [N/64, K/64, 8, 64, 8] (push constants M, K, N)"
+  %kr = arith.remui %K, %c64 : index
+  %nr = arith.remui %N, %c64 : index
   %rem = arith.ori %kr, %nr : index
   %aligned = arith.cmpi eq, %rem, %c0 : index
-  cf.assert %aligned, "stageml_gemm_f16: K must be a multiple of 8 and N of 32"
-  %we = tensor.empty(%K, %N) : tensor<?x?xf16>
-  %wkn = linalg.unpack %w outer_dims_perm = [1, 0] inner_dims_pos = [1] inner_tiles = [8] into %we
-      : tensor<?x?x8xf16> -> tensor<?x?xf16>
-  %ve = tensor.empty(%M, %N) : tensor<?x?xf32>
-  %v0 = linalg.fill ins(%zero : f32) outs(%ve : tensor<?x?xf32>) -> tensor<?x?xf32>
-  %v = linalg.matmul ins(%x, %wkn : tensor<?x?xf16>, tensor<?x?xf16>) outs(%v0 : tensor<?x?xf32>) -> tensor<?x?xf32>
+  cf.assert %aligned, "stageml_gemm_f16: K and N must be multiples of 64"
+  %v = func.call @stageml_product_f16(%x, %w) : (tensor<?x?xf16>, tensor<?x?x8x64x8xf16>) -> tensor<?x?xf32>
   %ye = tensor.empty(%M, %N) : tensor<?x?xf16>
   %y = linalg.generic {indexing_maps = [affine_map<(m, n) -> (m, n)>, affine_map<(m, n) -> (m, n)>],
                        iterator_types = ["parallel", "parallel"]}
@@ -92,21 +136,20 @@ func.func private @stageml_gemm_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x
   return %y : tensor<?x?xf16>
 }
 
-func.func private @stageml_gemm_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<?x?x8xbf16>,
+func.func private @stageml_gemm_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<?x?x8x64x8xbf16>,
     %m: i32, %k: i32, %n: i32) -> tensor<?x?xbf16> attributes {stageml.reference_of = "stageml_gemm_bf16"} {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
-  %c8 = arith.constant 8 : index
-  %c32 = arith.constant 32 : index
-  %zero = arith.constant 0.0 : f32
+  %c64 = arith.constant 64 : index
   %M = arith.index_cast %m : i32 to index
   %K = arith.index_cast %k : i32 to index
   %N = arith.index_cast %n : i32 to index
   %xm = tensor.dim %x, %c0 : tensor<?x?xbf16>
   %xk = tensor.dim %x, %c1 : tensor<?x?xbf16>
-  %ws = tensor.dim %w, %c0 : tensor<?x?x8xbf16>
-  %wk = tensor.dim %w, %c1 : tensor<?x?x8xbf16>
-  %wn = arith.muli %ws, %c8 : index
+  %tn = tensor.dim %w, %c0 : tensor<?x?x8x64x8xbf16>
+  %tk = tensor.dim %w, %c1 : tensor<?x?x8x64x8xbf16>
+  %wn = arith.muli %tn, %c64 : index
+  %wk = arith.muli %tk, %c64 : index
   %s0 = arith.cmpi eq, %xm, %M : index
   %s1 = arith.cmpi eq, %xk, %K : index
   %s2 = arith.cmpi eq, %wk, %K : index
@@ -114,18 +157,13 @@ func.func private @stageml_gemm_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<
   %s01 = arith.andi %s0, %s1 : i1
   %s23 = arith.andi %s2, %s3 : i1
   %shapes = arith.andi %s01, %s23 : i1
-  cf.assert %shapes, "stageml_gemm_bf16: x must be [M, K] and w [N/8, K, 8] (push constants M, K, N)"
-  %kr = arith.remui %K, %c8 : index
-  %nr = arith.remui %N, %c32 : index
+  cf.assert %shapes, "stageml_gemm_bf16: x must be [M, K] and w [N/64, K/64, 8, 64, 8] (push constants M, K, N)"
+  %kr = arith.remui %K, %c64 : index
+  %nr = arith.remui %N, %c64 : index
   %rem = arith.ori %kr, %nr : index
   %aligned = arith.cmpi eq, %rem, %c0 : index
-  cf.assert %aligned, "stageml_gemm_bf16: K must be a multiple of 8 and N of 32"
-  %we = tensor.empty(%K, %N) : tensor<?x?xbf16>
-  %wkn = linalg.unpack %w outer_dims_perm = [1, 0] inner_dims_pos = [1] inner_tiles = [8] into %we
-      : tensor<?x?x8xbf16> -> tensor<?x?xbf16>
-  %ve = tensor.empty(%M, %N) : tensor<?x?xf32>
-  %v0 = linalg.fill ins(%zero : f32) outs(%ve : tensor<?x?xf32>) -> tensor<?x?xf32>
-  %v = linalg.matmul ins(%x, %wkn : tensor<?x?xbf16>, tensor<?x?xbf16>) outs(%v0 : tensor<?x?xf32>) -> tensor<?x?xf32>
+  cf.assert %aligned, "stageml_gemm_bf16: K and N must be multiples of 64"
+  %v = func.call @stageml_product_bf16(%x, %w) : (tensor<?x?xbf16>, tensor<?x?x8x64x8xbf16>) -> tensor<?x?xf32>
   %ye = tensor.empty(%M, %N) : tensor<?x?xbf16>
   %y = linalg.generic {indexing_maps = [affine_map<(m, n) -> (m, n)>, affine_map<(m, n) -> (m, n)>],
                        iterator_types = ["parallel", "parallel"]}
@@ -139,49 +177,49 @@ func.func private @stageml_gemm_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<
 
 // ---------------------------------------------------------------- GEMM (wgmma)
 
-func.func private @stageml_gemm_wgmma_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x?x8xf16>,
+func.func private @stageml_gemm_wgmma_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x?x8x64x8xf16>,
     %m: i32, %k: i32, %n: i32) -> tensor<?x?xf16> attributes {stageml.reference_of = "stageml_gemm_wgmma_f16"} {
   %c0 = arith.constant 0 : index
-  %c128 = arith.constant 128 : index
+  %c64 = arith.constant 64 : index
   %c256 = arith.constant 256 : index
   %K = arith.index_cast %k : i32 to index
   %N = arith.index_cast %n : i32 to index
   %kr = arith.remui %K, %c256 : index
-  %nr = arith.remui %N, %c128 : index
+  %nr = arith.remui %N, %c64 : index
   %rem = arith.ori %kr, %nr : index
   %aligned = arith.cmpi eq, %rem, %c0 : index
-  cf.assert %aligned, "stageml_gemm_wgmma_f16: K must be a multiple of 256 and N of 128"
+  cf.assert %aligned, "stageml_gemm_wgmma_f16: K must be a multiple of 256 and N of 64"
   %y = func.call @stageml_gemm_f16_reference(%x, %w, %m, %k, %n)
-      : (tensor<?x?xf16>, tensor<?x?x8xf16>, i32, i32, i32) -> tensor<?x?xf16>
+      : (tensor<?x?xf16>, tensor<?x?x8x64x8xf16>, i32, i32, i32) -> tensor<?x?xf16>
   return %y : tensor<?x?xf16>
 }
 
-func.func private @stageml_gemm_wgmma_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<?x?x8xbf16>,
+func.func private @stageml_gemm_wgmma_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<?x?x8x64x8xbf16>,
     %m: i32, %k: i32, %n: i32) -> tensor<?x?xbf16> attributes {stageml.reference_of = "stageml_gemm_wgmma_bf16"} {
   %c0 = arith.constant 0 : index
-  %c128 = arith.constant 128 : index
+  %c64 = arith.constant 64 : index
   %c256 = arith.constant 256 : index
   %K = arith.index_cast %k : i32 to index
   %N = arith.index_cast %n : i32 to index
   %kr = arith.remui %K, %c256 : index
-  %nr = arith.remui %N, %c128 : index
+  %nr = arith.remui %N, %c64 : index
   %rem = arith.ori %kr, %nr : index
   %aligned = arith.cmpi eq, %rem, %c0 : index
-  cf.assert %aligned, "stageml_gemm_wgmma_bf16: K must be a multiple of 256 and N of 128"
+  cf.assert %aligned, "stageml_gemm_wgmma_bf16: K must be a multiple of 256 and N of 64"
   %y = func.call @stageml_gemm_bf16_reference(%x, %w, %m, %k, %n)
-      : (tensor<?x?xbf16>, tensor<?x?x8xbf16>, i32, i32, i32) -> tensor<?x?xbf16>
+      : (tensor<?x?xbf16>, tensor<?x?x8x64x8xbf16>, i32, i32, i32) -> tensor<?x?xbf16>
   return %y : tensor<?x?xbf16>
 }
 
 // ---------------------------------------------------------------- LoRA
 
-func.func private @stageml_lora_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x?x8xf16>,
+func.func private @stageml_lora_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x?x8x64x8xf16>,
     %a: tensor<?x?xf16>, %b: tensor<?x?xf16>, %m: i32, %k: i32, %n: i32, %r: i32, %scale_bits: i32)
     -> tensor<?x?xf16> attributes {stageml.reference_of = "stageml_lora_f16"} {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
-  %c8 = arith.constant 8 : index
   %c32 = arith.constant 32 : index
+  %c64 = arith.constant 64 : index
   %zero = arith.constant 0.0 : f32
   %M = arith.index_cast %m : i32 to index
   %K = arith.index_cast %k : i32 to index
@@ -189,13 +227,14 @@ func.func private @stageml_lora_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x
   %R = arith.index_cast %r : i32 to index
   %xm = tensor.dim %x, %c0 : tensor<?x?xf16>
   %xk = tensor.dim %x, %c1 : tensor<?x?xf16>
-  %ws = tensor.dim %w, %c0 : tensor<?x?x8xf16>
-  %wk = tensor.dim %w, %c1 : tensor<?x?x8xf16>
+  %tn = tensor.dim %w, %c0 : tensor<?x?x8x64x8xf16>
+  %tk = tensor.dim %w, %c1 : tensor<?x?x8x64x8xf16>
   %ak = tensor.dim %a, %c0 : tensor<?x?xf16>
   %ar = tensor.dim %a, %c1 : tensor<?x?xf16>
   %br = tensor.dim %b, %c0 : tensor<?x?xf16>
   %bn = tensor.dim %b, %c1 : tensor<?x?xf16>
-  %wn = arith.muli %ws, %c8 : index
+  %wn = arith.muli %tn, %c64 : index
+  %wk = arith.muli %tk, %c64 : index
   %s0 = arith.cmpi eq, %xm, %M : index
   %s1 = arith.cmpi eq, %xk, %K : index
   %s2 = arith.cmpi eq, %wk, %K : index
@@ -211,27 +250,24 @@ func.func private @stageml_lora_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x
   %s03 = arith.andi %s01, %s23 : i1
   %s47 = arith.andi %s45, %s67 : i1
   %shapes = arith.andi %s03, %s47 : i1
-  cf.assert %shapes, "stageml_lora_f16: x must be [M, K], w [N/8, K, 8], a [K, R] and b [R, N] (push constants M, K, N, R)"
-  %kr = arith.remui %K, %c8 : index
-  %nr = arith.remui %N, %c32 : index
+  cf.assert %shapes, "stageml_lora_f16: x must be [M, K], w [N/64, K/64, 8, 64, 8], a [K, R] and b [R, N] (push constants M, K, N, R)"
+  %kr = arith.remui %K, %c64 : index
+  %nr = arith.remui %N, %c64 : index
   %rem = arith.ori %kr, %nr : index
   %aligned = arith.cmpi eq, %rem, %c0 : index
   %r_lo = arith.cmpi sge, %R, %c1 : index
   %r_hi = arith.cmpi sle, %R, %c32 : index
   %r_ok = arith.andi %r_lo, %r_hi : i1
   %limits = arith.andi %aligned, %r_ok : i1
-  cf.assert %limits, "stageml_lora_f16: K must be a multiple of 8, N of 32, and 1 <= R <= 32"
+  cf.assert %limits, "stageml_lora_f16: K and N must be multiples of 64, and 1 <= R <= 32"
   %scale = arith.bitcast %scale_bits : i32 to f32
-  %we = tensor.empty(%K, %N) : tensor<?x?xf16>
-  %wkn = linalg.unpack %w outer_dims_perm = [1, 0] inner_dims_pos = [1] inner_tiles = [8] into %we
-      : tensor<?x?x8xf16> -> tensor<?x?xf16>
-  %ve = tensor.empty(%M, %N) : tensor<?x?xf32>
-  %v0 = linalg.fill ins(%zero : f32) outs(%ve : tensor<?x?xf32>) -> tensor<?x?xf32>
-  %v = linalg.matmul ins(%x, %wkn : tensor<?x?xf16>, tensor<?x?xf16>) outs(%v0 : tensor<?x?xf32>) -> tensor<?x?xf32>
+  %v = func.call @stageml_product_f16(%x, %w) : (tensor<?x?xf16>, tensor<?x?x8x64x8xf16>) -> tensor<?x?xf32>
   %te = tensor.empty(%M, %R) : tensor<?x?xf32>
   %t0 = linalg.fill ins(%zero : f32) outs(%te : tensor<?x?xf32>) -> tensor<?x?xf32>
   %t = linalg.matmul ins(%x, %a : tensor<?x?xf16>, tensor<?x?xf16>) outs(%t0 : tensor<?x?xf32>) -> tensor<?x?xf32>
-  %l = linalg.matmul ins(%t, %b : tensor<?x?xf32>, tensor<?x?xf16>) outs(%v0 : tensor<?x?xf32>) -> tensor<?x?xf32>
+  %le = tensor.empty(%M, %N) : tensor<?x?xf32>
+  %l0 = linalg.fill ins(%zero : f32) outs(%le : tensor<?x?xf32>) -> tensor<?x?xf32>
+  %l = linalg.matmul ins(%t, %b : tensor<?x?xf32>, tensor<?x?xf16>) outs(%l0 : tensor<?x?xf32>) -> tensor<?x?xf32>
   %ye = tensor.empty(%M, %N) : tensor<?x?xf16>
   %y = linalg.generic {indexing_maps = [affine_map<(m, n) -> (m, n)>, affine_map<(m, n) -> (m, n)>,
                                         affine_map<(m, n) -> (m, n)>],
@@ -245,13 +281,13 @@ func.func private @stageml_lora_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x
   return %y : tensor<?x?xf16>
 }
 
-func.func private @stageml_lora_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<?x?x8xbf16>,
+func.func private @stageml_lora_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<?x?x8x64x8xbf16>,
     %a: tensor<?x?xbf16>, %b: tensor<?x?xbf16>, %m: i32, %k: i32, %n: i32, %r: i32, %scale_bits: i32)
     -> tensor<?x?xbf16> attributes {stageml.reference_of = "stageml_lora_bf16"} {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
-  %c8 = arith.constant 8 : index
   %c32 = arith.constant 32 : index
+  %c64 = arith.constant 64 : index
   %zero = arith.constant 0.0 : f32
   %M = arith.index_cast %m : i32 to index
   %K = arith.index_cast %k : i32 to index
@@ -259,13 +295,14 @@ func.func private @stageml_lora_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<
   %R = arith.index_cast %r : i32 to index
   %xm = tensor.dim %x, %c0 : tensor<?x?xbf16>
   %xk = tensor.dim %x, %c1 : tensor<?x?xbf16>
-  %ws = tensor.dim %w, %c0 : tensor<?x?x8xbf16>
-  %wk = tensor.dim %w, %c1 : tensor<?x?x8xbf16>
+  %tn = tensor.dim %w, %c0 : tensor<?x?x8x64x8xbf16>
+  %tk = tensor.dim %w, %c1 : tensor<?x?x8x64x8xbf16>
   %ak = tensor.dim %a, %c0 : tensor<?x?xbf16>
   %ar = tensor.dim %a, %c1 : tensor<?x?xbf16>
   %br = tensor.dim %b, %c0 : tensor<?x?xbf16>
   %bn = tensor.dim %b, %c1 : tensor<?x?xbf16>
-  %wn = arith.muli %ws, %c8 : index
+  %wn = arith.muli %tn, %c64 : index
+  %wk = arith.muli %tk, %c64 : index
   %s0 = arith.cmpi eq, %xm, %M : index
   %s1 = arith.cmpi eq, %xk, %K : index
   %s2 = arith.cmpi eq, %wk, %K : index
@@ -281,27 +318,24 @@ func.func private @stageml_lora_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<
   %s03 = arith.andi %s01, %s23 : i1
   %s47 = arith.andi %s45, %s67 : i1
   %shapes = arith.andi %s03, %s47 : i1
-  cf.assert %shapes, "stageml_lora_bf16: x must be [M, K], w [N/8, K, 8], a [K, R] and b [R, N] (push constants M, K, N, R)"
-  %kr = arith.remui %K, %c8 : index
-  %nr = arith.remui %N, %c32 : index
+  cf.assert %shapes, "stageml_lora_bf16: x must be [M, K], w [N/64, K/64, 8, 64, 8], a [K, R] and b [R, N] (push constants M, K, N, R)"
+  %kr = arith.remui %K, %c64 : index
+  %nr = arith.remui %N, %c64 : index
   %rem = arith.ori %kr, %nr : index
   %aligned = arith.cmpi eq, %rem, %c0 : index
   %r_lo = arith.cmpi sge, %R, %c1 : index
   %r_hi = arith.cmpi sle, %R, %c32 : index
   %r_ok = arith.andi %r_lo, %r_hi : i1
   %limits = arith.andi %aligned, %r_ok : i1
-  cf.assert %limits, "stageml_lora_bf16: K must be a multiple of 8, N of 32, and 1 <= R <= 32"
+  cf.assert %limits, "stageml_lora_bf16: K and N must be multiples of 64, and 1 <= R <= 32"
   %scale = arith.bitcast %scale_bits : i32 to f32
-  %we = tensor.empty(%K, %N) : tensor<?x?xbf16>
-  %wkn = linalg.unpack %w outer_dims_perm = [1, 0] inner_dims_pos = [1] inner_tiles = [8] into %we
-      : tensor<?x?x8xbf16> -> tensor<?x?xbf16>
-  %ve = tensor.empty(%M, %N) : tensor<?x?xf32>
-  %v0 = linalg.fill ins(%zero : f32) outs(%ve : tensor<?x?xf32>) -> tensor<?x?xf32>
-  %v = linalg.matmul ins(%x, %wkn : tensor<?x?xbf16>, tensor<?x?xbf16>) outs(%v0 : tensor<?x?xf32>) -> tensor<?x?xf32>
+  %v = func.call @stageml_product_bf16(%x, %w) : (tensor<?x?xbf16>, tensor<?x?x8x64x8xbf16>) -> tensor<?x?xf32>
   %te = tensor.empty(%M, %R) : tensor<?x?xf32>
   %t0 = linalg.fill ins(%zero : f32) outs(%te : tensor<?x?xf32>) -> tensor<?x?xf32>
   %t = linalg.matmul ins(%x, %a : tensor<?x?xbf16>, tensor<?x?xbf16>) outs(%t0 : tensor<?x?xf32>) -> tensor<?x?xf32>
-  %l = linalg.matmul ins(%t, %b : tensor<?x?xf32>, tensor<?x?xbf16>) outs(%v0 : tensor<?x?xf32>) -> tensor<?x?xf32>
+  %le = tensor.empty(%M, %N) : tensor<?x?xf32>
+  %l0 = linalg.fill ins(%zero : f32) outs(%le : tensor<?x?xf32>) -> tensor<?x?xf32>
+  %l = linalg.matmul ins(%t, %b : tensor<?x?xf32>, tensor<?x?xbf16>) outs(%l0 : tensor<?x?xf32>) -> tensor<?x?xf32>
   %ye = tensor.empty(%M, %N) : tensor<?x?xbf16>
   %y = linalg.generic {indexing_maps = [affine_map<(m, n) -> (m, n)>, affine_map<(m, n) -> (m, n)>,
                                         affine_map<(m, n) -> (m, n)>],

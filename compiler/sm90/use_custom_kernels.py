@@ -2,17 +2,17 @@
 StageML's hand-written Hopper kernels (kernels.cu, declared in hopper.mlir),
 or, with `lowering=reference`, calls of their CPU references (reference.mlir).
 
-On the IREE input (linalg on tensors), with T = f16 or bf16, K a static
-multiple of 8 and N of 32:
+On the IREE input (linalg on tensors), with T = f16 or bf16 and, for the
+kernels that read w in tiles (all but BGMV), K and N static multiples of 64:
 
   GEMM: a product accumulated in f32 and rounded to T once,
     %p = linalg.matmul ins(%x, %w : tensor<MxKxT>, tensor<KxNxT>) outs(%zero : tensor<MxNxf32>)
     %y = linalg.generic {arith.truncf} ins(%p)
-  → %s = linalg.pack %w outer_dims_perm = [1, 0] inner_dims_pos = [1] inner_tiles = [8]
-                       : tensor<KxNxT> -> tensor<N/8xKx8xT>
+  → %r = tensor.expand_shape %w [[0, 1], [2, 3, 4]] : tensor<KxNxT> into tensor<K/64x64xN/64x8x8xT>
+    %s = linalg.transpose ins(%r) permutation = [2, 0, 3, 1, 4] -> tensor<N/64xK/64x8x64x8xT>
     %y = flow.dispatch @stageml_sm90::@stageml_gemm_T[%M, %N](%x, %s, M, K, N)
-    or, where K % 256 = 0 and N % 128 = 0, the same dispatch of @stageml_gemm_wgmma_T
-    (wgmma, split-K across a cluster of 4 blocks; any M)
+    or, where K % 256 = 0, the same dispatch of @stageml_gemm_wgmma_T
+    (wgmma, split-K across a cluster of 2 blocks; any M)
 
   LoRA: a base product plus a scaled rank-R product of the same rows (R <= 32),
     %y = linalg.generic {arith.addf} ins(GEMM(%x, %w), s2 * GEMM(s1 * GEMM(%x, %a), %b))
@@ -24,25 +24,28 @@ multiple of 8 and N of 32:
     %y = linalg.generic ins(%x : tensor<Bx1xKxT>, %ids : tensor<Bxi64>) outs(%zero : tensor<Bx1xNxf32>)
            { ... tensor.extract %table[%id, k, n] ... }
   → %y = flow.dispatch @stageml_sm90::@stageml_bgmv_T[%B, %N](%x, %ids, %table, B, K, N)
+    (any K and N)
 
   lowering=reference: each `flow.dispatch @stageml_sm90::@K(operands)` above
   is instead
     %y = tensor.cast(func.call @K_reference(tensor.cast(operands)))
-  with the same operands, strips and push constants, and @K_reference
+  with the same operands, tiles and push constants, and @K_reference
   (reference.mlir, the kernel's semantics in linalg) is cloned into the
-  module with the references it calls: the matcher's output then runs on
+  module with the functions it calls: the matcher's output then runs on
   IREE's CPU backend.
 
-The GEMM and LoRA kernels read w in 8-column strips ([N/8, K, 8]), and
-that layout work is earlier-stage work: the pack of a global weight follows
-its load, where IREE's const-expr hoisting moves it to load time; the pack of
-adapter state (an argument with `bt.result = i`, the i-th result of the
-function with `bt.stage = "adapter"` and the same `bt.program`) moves into
-that adapter function, which returns it packed, when the kernel is the
-argument's one use (its type changes for all uses). On the request path
-(a function with `bt.stage = "dynamic"`) a product against any other value
-stays with IREE, as its pack would cost a pass over w per call; anywhere
-else the pack is inline. Each weight is packed once.
+The GEMM and LoRA kernels read w in tiles ([N/64, K/64, 8, 64, 8],
+w[tn, tk, s, kk, c] = W[64 tk + kk, 64 tn + 8 s + c]: 64x64 tiles, the
+k-tiles of a column tile contiguous, each tile 8 strips of 8 columns stored
+whole), and that layout work is earlier-stage work: the pack of a global
+weight follows its load, where IREE's const-expr hoisting moves it to load
+time; the pack of adapter state (an argument with `bt.result = i`, the i-th
+result of the function with `bt.stage = "adapter"` and the same
+`bt.program`) moves into that adapter function, which returns it packed,
+when the kernel is the argument's one use (its type changes for all uses).
+On the request path (a function with `bt.stage = "dynamic"`) a product
+against any other value stays with IREE, as its pack would cost a pass over
+w per call; anywhere else the pack is inline. Each weight is packed once.
 
 Every intermediate a match removes must have no other use. The input is
 expected CSE'd (the products of one LoRA site share their rows' SSA value).
@@ -54,9 +57,9 @@ order them only on one root op, and the three never share one: a LoRA
 site's root is its add, while the products inside it are GEMM roots of
 their own, visited in whatever order the driver takes. So the GEMM pattern
 declines a product that a LoRA site which will be rewritten consumes; that,
-not the benefit, makes LoRA win whatever the order. The strips (packed once
+not the benefit, makes LoRA win whatever the order. The tiles (packed once
 per weight) and the adapter functions whose results change are state the
-patterns share (`_Strips`), and function types are set after the driver
+patterns share (`_Tiles`), and function types are set after the driver
 finishes.
 """
 
@@ -77,10 +80,11 @@ from stageml.errors import CompileError
 
 REFERENCES = pathlib.Path(__file__).with_name("reference.mlir")
 REFERENCE_OF = "stageml.reference_of"  # reference.mlir: the kernel a function is the reference of
+REFERENCE_PART = "stageml.reference_part"  # reference.mlir: a part several references share
 MAX_RANK = 32
-STRIP = 8  # columns of w per strip (kernels.cu)
-# (K, N) multiples each kernel that reads strips needs (kernels.cu's guarantees)
-ALIGN = {"stageml_gemm": (8, 32), "stageml_lora": (8, 32), "stageml_gemm_wgmma": (256, 128)}
+TILE, STRIP = 64, 8  # w's tiles: 64x64 of W, each 8 strips of 8 columns (kernels.cu)
+# (K, N) multiples each kernel that reads tiles needs (kernels.cu's guarantees)
+ALIGN = {"stageml_gemm": (64, 64), "stageml_lora": (64, 64), "stageml_gemm_wgmma": (256, 64)}
 LOWERINGS = ("dispatch", "reference")
 _ELEMENT_TYPES = ("f16", "bf16")
 
@@ -104,7 +108,7 @@ class _Match:
     kernel: str          # without the _f16 / _bf16 suffix
     operands: list       # tensors, in the kernel's binding order
     constants: list      # i32 push constants after the row count
-    weight: int | None = 1  # the operand read in strips, if any
+    weight: int | None = 1  # the operand read in tiles, if any
 
 
 # -- matching -------------------------------------------------------------------
@@ -242,14 +246,14 @@ def _site_of(value):
     return None
 
 
-# -- the strips -------------------------------------------------------------------
+# -- the tiles --------------------------------------------------------------------
 
-class _Strips:
-    """Each weight in the kernels' strip layout, packed once, off the request path."""
+class _Tiles:
+    """Each weight in the kernels' tile layout, packed once, off the request path."""
 
     def __init__(self, module_op):
         self.module_op = module_op
-        self.packed = {}      # weight -> its strips
+        self.packed = {}      # weight -> its tiles
         self.retyped = []     # functions whose arguments or results changed type
 
     def _adapter(self, w, func):
@@ -267,7 +271,7 @@ class _Strips:
                 or (not isinstance(w.owner, ir.Block) and w.owner.operation.name == "util.global.load"))
 
     def __call__(self, w, func) -> ir.Value:
-        """`w` packed into strips (call `available` first)."""
+        """`w` packed into tiles (call `available` first)."""
         if w in self.packed:
             return self.packed[w]
         adapter = self._adapter(w, func)
@@ -289,10 +293,15 @@ class _Strips:
 
 
 def _pack(w) -> ir.Value:
-    """[K, N] → [N/8, K, 8]: 8-column strips, each stored whole."""
+    """W [K, N] → w [N/64, K/64, 8, 64, 8], w[tn, tk, s, kk, c] = W[64 tk + kk, 64 tn + 8 s + c]:
+    64x64 tiles, the k-tiles of a column tile contiguous, each tile 8 strips
+    of 8 columns stored whole. W split to [K/64, 64, N/64, 8, 8], then transposed."""
     (k, n), element = ir.RankedTensorType(w.type).shape, ir.RankedTensorType(w.type).element_type
-    dest = tensor.EmptyOp([n // STRIP, k, STRIP], element).result
-    return linalg.PackOp(dest.type, w, dest, [1], [], [STRIP], outer_dims_perm=[1, 0]).result
+    split = [k // TILE, TILE, n // TILE, TILE // STRIP, STRIP]
+    parts = tensor.ExpandShapeOp(ir.RankedTensorType.get(split, element), w, [[0, 1], [2, 3, 4]], [], split).result
+    permutation = [2, 0, 3, 1, 4]
+    dest = tensor.EmptyOp([split[i] for i in permutation], element).result
+    return linalg.transpose(parts, outs=[dest], permutation=permutation).results[0]
 
 
 # -- the replacements -------------------------------------------------------------
@@ -337,7 +346,7 @@ class _Rewriter:
 
     def __init__(self, module_op, lowering: str):
         self.module_op, self.lowering = module_op, lowering
-        self.strips = _Strips(module_op)
+        self.tiles = _Tiles(module_op)
         self.references = {}  # kernel -> its reference function (lowering=reference), cloned on first use
         self.library = None   # reference.mlir, parsed on the first clone
         self.counts = {}
@@ -356,7 +365,7 @@ class _Rewriter:
             return None
         site = _site_of(op.results[0])
         lora = _lora(site) if site is not None else None
-        if lora is not None and self.strips.available(lora.operands[lora.weight], _function(site)):
+        if lora is not None and self.tiles.available(lora.operands[lora.weight], _function(site)):
             return None
         return found
 
@@ -364,15 +373,15 @@ class _Rewriter:
         """Rewrites `op` when `match` finds a kernel; False on success (the bindings' convention)."""
         root = op.operation
         func = _function(root)
-        if func is None or REFERENCE_OF in func.attributes:
+        if func is None or _is_reference(func):
             return True
         found = match(root)
         if found is None:
             return True
         if found.weight is not None:
-            if not self.strips.available(found.operands[found.weight], func):
+            if not self.tiles.available(found.operands[found.weight], func):
                 return True
-            found.operands[found.weight] = self.strips(found.operands[found.weight], func)
+            found.operands[found.weight] = self.tiles(found.operands[found.weight], func)
         if self.lowering == "reference":
             self._reference(f"{found.kernel}_{ir.RankedTensorType(found.operands[0].type).element_type}")
         with rewriter.ip, root.location:
@@ -382,23 +391,41 @@ class _Rewriter:
         return False
 
     def _reference(self, kernel: str) -> None:
-        """Clones `kernel`'s reference function into the module (once), and the references it calls."""
+        """Clones `kernel`'s reference function into the module (once), with the functions it calls."""
         if kernel in self.references:
             return
-        body = self.module_op.regions[0].blocks[0]
-        present = _references(body)
-        if kernel in present:  # (a module rewritten before holds it, and what it calls, already)
-            self.references[kernel] = present[kernel]
+        present = _references(self.module_op.regions[0].blocks[0])
+        if kernel in present:  # (cloned as another's callee, or by an earlier rewrite, with what it calls)
+            self.references[kernel] = present[kernel].opview
             return
         if self.library is None:
             self.library = ir.Module.parse(REFERENCES.read_text(), context=self.module_op.context)
         library = _references(self.library.body)
         if kernel not in library:
             raise CompileError(f"{REFERENCES.name} has no reference of {kernel}")  # (an internal bug)
-        self.references[kernel] = library[kernel].clone(ip=ir.InsertionPoint(body))
-        by_symbol = {facts.symbol(f): k for k, f in library.items()}
-        for callee in _callees(library[kernel]):
-            self._reference(by_symbol[callee])
+        self.references[kernel] = self._clone(facts.symbol(library[kernel]))
+
+    def _clone(self, symbol: str):
+        """reference.mlir's function `symbol` in the module, cloned in once with the functions it calls."""
+        body = self.module_op.regions[0].blocks[0]
+        present = _functions(body)
+        if symbol in present:
+            return present[symbol]
+        source = _functions(self.library.body)[symbol]
+        clone = source.clone(ip=ir.InsertionPoint(body))
+        for callee in _callees(source):
+            self._clone(callee)
+        return clone
+
+
+def _is_reference(func) -> bool:
+    """Whether `func` comes from reference.mlir (a kernel's reference or a part of some): no pattern rewrites it."""
+    return REFERENCE_OF in func.attributes or REFERENCE_PART in func.attributes
+
+
+def _functions(block) -> dict:
+    """{symbol: function} of the functions in `block`."""
+    return {facts.symbol(op.operation): op.operation for op in block.operations if op.operation.name == "func.func"}
 
 
 def _references(block) -> dict:
@@ -432,10 +459,10 @@ def use_custom_kernels(module, lowering: str = "dispatch") -> dict:
     config.region_simplification_level = rewrite.GreedySimplifyRegionLevel.DISABLED
     patterns = rewriter.patterns()
     functions = [op.operation for op in module_op.regions[0].blocks[0].operations
-                 if op.operation.name == "func.func" and REFERENCE_OF not in op.operation.attributes]
+                 if op.operation.name == "func.func" and not _is_reference(op.operation)]
     for func in functions:
         rewrite.apply_patterns_and_fold_greedily(func, patterns, config)
-    for func in rewriter.strips.retyped:
+    for func in rewriter.tiles.retyped:
         retype(func)
     if rewriter.counts and lowering == "dispatch" and not _has_executable(module_op):
         library = ir.Module.parse(HOPPER.read_text(), context=module_op.context)

@@ -15,7 +15,9 @@
 // CHECK: hal.executable.export public @stageml_lora_bf16 ordinal(3)
 // CHECK: hal.executable.export public @stageml_bgmv_f16 ordinal(4)
 // CHECK: hal.executable.export public @stageml_gemm_wgmma_f16 ordinal(6)
-// CHECK: hal.return %{{.+}}, %c4, %{{.+}} : index, index, index
+// CHECK: %[[COLS:.+]] = arith.constant 64 : index
+// CHECK: %[[X:.+]] = arith.ceildivui %{{.+}}, %[[COLS]] : index
+// CHECK: hal.return %[[X]], %c2, %{{.+}} : index, index, index
 // CHECK-NEXT: } <workgroup_size = [256 : index, 1 : index, 1 : index], workgroup_local_memory = 197632>
 
 // REF-NOT: hal.executable.source
@@ -25,23 +27,25 @@ module {
   util.global private @w = #flow.parameter.named<"model"::"w"> : tensor<256x512xf16>
 
   // A request-time product against a global weight, f32 accumulation rounded
-  // once to f16: the weight's pack into 8-column strips follows its load
-  // (IREE hoists it to load time). K = 256 and N = 512 are multiples of 256
-  // and 128: the wgmma GEMM.
+  // once to f16: the weight's pack into tiles (64x64 tiles of 8-column strips,
+  // [N/64, K/64, 8, 64, 8]: W split to [K/64, 64, N/64, 8, 8], then
+  // transposed) follows its load (IREE hoists it to load time). K = 256 and
+  // N = 512 are multiples of 256 and 64: the wgmma GEMM.
   // CHECK-LABEL: func.func @gemm
   // CHECK:         %[[W:.+]] = util.global.load @w : tensor<256x512xf16>
-  // CHECK-NEXT:    %[[E:.+]] = tensor.empty() : tensor<64x256x8xf16>
-  // CHECK-NEXT:    %[[S:.+]] = linalg.pack %[[W]] outer_dims_perm = [1, 0] inner_dims_pos = [1] inner_tiles = [8] into %[[E]] : tensor<256x512xf16> -> tensor<64x256x8xf16>
+  // CHECK-NEXT:    %[[SPLIT:.+]] = tensor.expand_shape %[[W]] {{\[\[}}0, 1], [2, 3, 4]] output_shape [4, 64, 8, 8, 8] : tensor<256x512xf16> into tensor<4x64x8x8x8xf16>
+  // CHECK-NEXT:    %[[E:.+]] = tensor.empty() : tensor<8x4x8x64x8xf16>
+  // CHECK-NEXT:    %[[S:.+]] = linalg.transpose ins(%[[SPLIT]] : tensor<4x64x8x8x8xf16>) outs(%[[E]] : tensor<8x4x8x64x8xf16>) permutation = [2, 0, 3, 1, 4]
   // CHECK:         %[[MI:.+]] = arith.index_cast %[[M:.+]] : index to i32
-  // CHECK:         %[[Y:.+]] = flow.dispatch @stageml_sm90::@stageml_gemm_wgmma_f16[%[[M]], %{{.+}}](%arg0, %[[S]], %[[MI]], %c256_i32, %c512_i32) : (tensor<?x256xf16>{%{{.+}}}, tensor<64x256x8xf16>, i32, i32, i32) -> tensor<?x512xf16>{%[[M]]}
+  // CHECK:         %[[Y:.+]] = flow.dispatch @stageml_sm90::@stageml_gemm_wgmma_f16[%[[M]], %{{.+}}](%arg0, %[[S]], %[[MI]], %c256_i32, %c512_i32) : (tensor<?x256xf16>{%{{.+}}}, tensor<8x4x8x64x8xf16>, i32, i32, i32) -> tensor<?x512xf16>{%[[M]]}
   // CHECK-NOT:     linalg.matmul
   // CHECK:         return %[[Y]]
   // REF-LABEL: func.func @gemm
-  // REF:         %[[S:.+]] = linalg.pack
+  // REF:         %[[S:.+]] = linalg.transpose
   // REF:         %[[MI:.+]] = arith.index_cast %{{.+}} : index to i32
   // REF-DAG:     %[[X:.+]] = tensor.cast %arg0 : tensor<?x256xf16> to tensor<?x?xf16>
-  // REF-DAG:     %[[SC:.+]] = tensor.cast %[[S]] : tensor<64x256x8xf16> to tensor<?x?x8xf16>
-  // REF:         %[[R:.+]] = call @stageml_gemm_wgmma_f16_reference(%[[X]], %[[SC]], %[[MI]], %c256_i32, %c512_i32) : (tensor<?x?xf16>, tensor<?x?x8xf16>, i32, i32, i32) -> tensor<?x?xf16>
+  // REF-DAG:     %[[SC:.+]] = tensor.cast %[[S]] : tensor<8x4x8x64x8xf16> to tensor<?x?x8x64x8xf16>
+  // REF:         %[[R:.+]] = call @stageml_gemm_wgmma_f16_reference(%[[X]], %[[SC]], %[[MI]], %c256_i32, %c512_i32) : (tensor<?x?xf16>, tensor<?x?x8x64x8xf16>, i32, i32, i32) -> tensor<?x?xf16>
   // REF:         %[[Y:.+]] = tensor.cast %[[R]] : tensor<?x?xf16> to tensor<?x512xf16>
   // REF-NOT:     linalg.matmul
   // REF:         return %[[Y]]
@@ -62,23 +66,23 @@ module {
     return %y : tensor<?x512xf16>
   }
 
-  // Products off the request path (no bt.stage: the packs are inline) that
-  // miss one of the wgmma GEMM's multiples, K = 384 (not of 256) and N = 96
-  // (not of 128): the general GEMM.
+  // Products off the request path (no bt.stage: the packs are inline) with
+  // K a multiple of 64 but not of 256, the wgmma GEMM's (K = 384, N = 512 and
+  // K = 192, N = 128): the general GEMM.
   // CHECK-LABEL: func.func @gemm_general
-  // CHECK:         %[[S1:.+]] = linalg.pack %arg1 {{.+}} : tensor<384x512xf16> -> tensor<64x384x8xf16>
-  // CHECK:         %[[S2:.+]] = linalg.pack %arg3 {{.+}} : tensor<256x96xf16> -> tensor<12x256x8xf16>
-  // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_f16[%{{.+}}, %{{.+}}](%arg0, %[[S1]], %{{.+}}, %c384_i32, %c512_i32) : (tensor<?x384xf16>{%{{.+}}}, tensor<64x384x8xf16>, i32, i32, i32) -> tensor<?x512xf16>
-  // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_f16[%{{.+}}, %{{.+}}](%arg2, %[[S2]], %{{.+}}, %c256_i32, %c96_i32) : (tensor<?x256xf16>{%{{.+}}}, tensor<12x256x8xf16>, i32, i32, i32) -> tensor<?x96xf16>
+  // CHECK:         %[[S1:.+]] = linalg.transpose ins(%{{.+}} : tensor<6x64x8x8x8xf16>) outs(%{{.+}} : tensor<8x6x8x64x8xf16>)
+  // CHECK:         %[[S2:.+]] = linalg.transpose ins(%{{.+}} : tensor<3x64x2x8x8xf16>) outs(%{{.+}} : tensor<2x3x8x64x8xf16>)
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_f16[%{{.+}}, %{{.+}}](%arg0, %[[S1]], %{{.+}}, %c384_i32, %c512_i32) : (tensor<?x384xf16>{%{{.+}}}, tensor<8x6x8x64x8xf16>, i32, i32, i32) -> tensor<?x512xf16>
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_f16[%{{.+}}, %{{.+}}](%arg2, %[[S2]], %{{.+}}, %c192_i32, %c128_i32) : (tensor<?x192xf16>{%{{.+}}}, tensor<2x3x8x64x8xf16>, i32, i32, i32) -> tensor<?x128xf16>
   // CHECK-NOT:     stageml_gemm_wgmma
   // CHECK-NOT:     linalg.matmul
   // CHECK:         return
   // REF-LABEL: func.func @gemm_general
   // REF:         call @stageml_gemm_f16_reference(%{{.+}}, %{{.+}}, %{{.+}}, %c384_i32, %c512_i32)
-  // REF:         call @stageml_gemm_f16_reference(%{{.+}}, %{{.+}}, %{{.+}}, %c256_i32, %c96_i32)
+  // REF:         call @stageml_gemm_f16_reference(%{{.+}}, %{{.+}}, %{{.+}}, %c192_i32, %c128_i32)
   // REF-NOT:     linalg.matmul
   // REF:         return
-  func.func @gemm_general(%x: tensor<?x384xf16>, %w: tensor<384x512xf16>, %h: tensor<?x256xf16>, %v: tensor<256x96xf16>) -> (tensor<?x512xf16>, tensor<?x96xf16>) {
+  func.func @gemm_general(%x: tensor<?x384xf16>, %w: tensor<384x512xf16>, %h: tensor<?x192xf16>, %v: tensor<192x128xf16>) -> (tensor<?x512xf16>, tensor<?x128xf16>) {
     %c0 = arith.constant 0 : index
     %zero = arith.constant 0.0 : f32
     %m = tensor.dim %x, %c0 : tensor<?x384xf16>
@@ -91,34 +95,36 @@ module {
       %t = arith.truncf %in : f32 to f16
       linalg.yield %t : f16
     } -> tensor<?x512xf16>
-    %n = tensor.dim %h, %c0 : tensor<?x256xf16>
-    %e2 = tensor.empty(%n) : tensor<?x96xf32>
-    %acc2 = linalg.fill ins(%zero : f32) outs(%e2 : tensor<?x96xf32>) -> tensor<?x96xf32>
-    %q = linalg.matmul ins(%h, %v : tensor<?x256xf16>, tensor<256x96xf16>) outs(%acc2 : tensor<?x96xf32>) -> tensor<?x96xf32>
-    %e2_16 = tensor.empty(%n) : tensor<?x96xf16>
-    %z = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%q : tensor<?x96xf32>) outs(%e2_16 : tensor<?x96xf16>) {
+    %n = tensor.dim %h, %c0 : tensor<?x192xf16>
+    %e2 = tensor.empty(%n) : tensor<?x128xf32>
+    %acc2 = linalg.fill ins(%zero : f32) outs(%e2 : tensor<?x128xf32>) -> tensor<?x128xf32>
+    %q = linalg.matmul ins(%h, %v : tensor<?x192xf16>, tensor<192x128xf16>) outs(%acc2 : tensor<?x128xf32>) -> tensor<?x128xf32>
+    %e2_16 = tensor.empty(%n) : tensor<?x128xf16>
+    %z = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%q : tensor<?x128xf32>) outs(%e2_16 : tensor<?x128xf16>) {
     ^bb0(%in: f32, %out: f16):
       %t = arith.truncf %in : f32 to f16
       linalg.yield %t : f16
-    } -> tensor<?x96xf16>
-    return %y, %z : tensor<?x512xf16>, tensor<?x96xf16>
+    } -> tensor<?x128xf16>
+    return %y, %z : tensor<?x512xf16>, tensor<?x128xf16>
   }
 
   // An unmerged LoRA site, PEFT's order (scale after the second product), in
   // a function off the request path (no bt.stage): one fused kernel, w packed
   // inline; scale 2.0 travels as its f32 bits (0x40000000).
   // CHECK-LABEL: func.func @lora
-  // CHECK:         %[[S:.+]] = linalg.pack %arg3 {{.+}} -> tensor<64x256x8xbf16>
-  // CHECK:         flow.dispatch @stageml_sm90::@stageml_lora_bf16[%{{.+}}, %{{.+}}](%arg0, %[[S]], %arg1, %arg2, %{{.+}}, %c256_i32, %c512_i32, %c8_i32, %c1073741824_i32) : (tensor<?x256xbf16>{%{{.+}}}, tensor<64x256x8xbf16>, tensor<256x8xbf16>, tensor<8x512xbf16>, i32, i32, i32, i32, i32) -> tensor<?x512xbf16>
+  // CHECK:         %[[SPLIT:.+]] = tensor.expand_shape %arg3
+  // CHECK:         %[[S:.+]] = linalg.transpose ins(%[[SPLIT]] {{.+}} outs(%{{.+}} : tensor<8x4x8x64x8xbf16>)
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_lora_bf16[%{{.+}}, %{{.+}}](%arg0, %[[S]], %arg1, %arg2, %{{.+}}, %c256_i32, %c512_i32, %c8_i32, %c1073741824_i32) : (tensor<?x256xbf16>{%{{.+}}}, tensor<8x4x8x64x8xbf16>, tensor<256x8xbf16>, tensor<8x512xbf16>, i32, i32, i32, i32, i32) -> tensor<?x512xbf16>
   // CHECK-NOT:     linalg.matmul
   // CHECK-NOT:     stageml_gemm
   // CHECK:         return
   // REF-LABEL: func.func @lora
-  // REF:         %[[S:.+]] = linalg.pack %arg3
-  // REF-DAG:     %[[SC:.+]] = tensor.cast %[[S]] : tensor<64x256x8xbf16> to tensor<?x?x8xbf16>
+  // REF:         %[[SPLIT:.+]] = tensor.expand_shape %arg3
+  // REF:         %[[S:.+]] = linalg.transpose ins(%[[SPLIT]]
+  // REF-DAG:     %[[SC:.+]] = tensor.cast %[[S]] : tensor<8x4x8x64x8xbf16> to tensor<?x?x8x64x8xbf16>
   // REF-DAG:     %[[A:.+]] = tensor.cast %arg1 : tensor<256x8xbf16> to tensor<?x?xbf16>
   // REF-DAG:     %[[B:.+]] = tensor.cast %arg2 : tensor<8x512xbf16> to tensor<?x?xbf16>
-  // REF:         call @stageml_lora_bf16_reference(%{{.+}}, %[[SC]], %[[A]], %[[B]], %{{.+}}, %c256_i32, %c512_i32, %c8_i32, %c1073741824_i32) : (tensor<?x?xbf16>, tensor<?x?x8xbf16>, tensor<?x?xbf16>, tensor<?x?xbf16>, i32, i32, i32, i32, i32) -> tensor<?x?xbf16>
+  // REF:         call @stageml_lora_bf16_reference(%{{.+}}, %[[SC]], %[[A]], %[[B]], %{{.+}}, %c256_i32, %c512_i32, %c8_i32, %c1073741824_i32) : (tensor<?x?xbf16>, tensor<?x?x8x64x8xbf16>, tensor<?x?xbf16>, tensor<?x?xbf16>, i32, i32, i32, i32, i32) -> tensor<?x?xbf16>
   // REF-NOT:     linalg.matmul
   // REF:         return
   func.func @lora(%x: tensor<?x256xbf16>, %a: tensor<256x8xbf16>, %b: tensor<8x512xbf16>, %w: tensor<256x512xbf16>) -> tensor<?x512xbf16> {
@@ -167,29 +173,29 @@ module {
   // the kernel gets their product, 0.5 (0x3F000000), and the x@A of rank 32,
   // which would fit a GEMM of its own, stays inside the site.
   // CHECK-LABEL: func.func @lora_two_scales
-  // CHECK:         flow.dispatch @stageml_sm90::@stageml_lora_f16[%{{.+}}, %{{.+}}](%arg0, %{{.+}}, %arg1, %arg2, %{{.+}}, %c64_i32, %c96_i32, %c32_i32, %c1056964608_i32)
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_lora_f16[%{{.+}}, %{{.+}}](%arg0, %{{.+}}, %arg1, %arg2, %{{.+}}, %c64_i32, %c128_i32, %c32_i32, %c1056964608_i32)
   // CHECK-NOT:     stageml_gemm
   // CHECK-NOT:     linalg.matmul
   // CHECK:         return
   // REF-LABEL: func.func @lora_two_scales
-  // REF:         call @stageml_lora_f16_reference(%{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %c64_i32, %c96_i32, %c32_i32, %c1056964608_i32)
+  // REF:         call @stageml_lora_f16_reference(%{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %c64_i32, %c128_i32, %c32_i32, %c1056964608_i32)
   // REF-NOT:     linalg.matmul
   // REF:         return
-  func.func @lora_two_scales(%x: tensor<?x64xf16>, %a: tensor<64x32xf16>, %b: tensor<32x96xf16>, %w: tensor<64x96xf16>) -> tensor<?x96xf16> {
+  func.func @lora_two_scales(%x: tensor<?x64xf16>, %a: tensor<64x32xf16>, %b: tensor<32x128xf16>, %w: tensor<64x128xf16>) -> tensor<?x128xf16> {
     %c0 = arith.constant 0 : index
     %zero = arith.constant 0.0 : f32
     %s1 = arith.constant 0.25 : f16
     %s2 = arith.constant 2.0 : f16
     %m = tensor.dim %x, %c0 : tensor<?x64xf16>
-    %e = tensor.empty(%m) : tensor<?x96xf32>
-    %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<?x96xf32>) -> tensor<?x96xf32>
-    %p = linalg.matmul ins(%x, %w : tensor<?x64xf16>, tensor<64x96xf16>) outs(%acc : tensor<?x96xf32>) -> tensor<?x96xf32>
-    %e16 = tensor.empty(%m) : tensor<?x96xf16>
-    %base = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%p : tensor<?x96xf32>) outs(%e16 : tensor<?x96xf16>) {
+    %e = tensor.empty(%m) : tensor<?x128xf32>
+    %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<?x128xf32>) -> tensor<?x128xf32>
+    %p = linalg.matmul ins(%x, %w : tensor<?x64xf16>, tensor<64x128xf16>) outs(%acc : tensor<?x128xf32>) -> tensor<?x128xf32>
+    %e16 = tensor.empty(%m) : tensor<?x128xf16>
+    %base = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%p : tensor<?x128xf32>) outs(%e16 : tensor<?x128xf16>) {
     ^bb0(%in: f32, %out: f16):
       %t = arith.truncf %in : f32 to f16
       linalg.yield %t : f16
-    } -> tensor<?x96xf16>
+    } -> tensor<?x128xf16>
     %er = tensor.empty(%m) : tensor<?x32xf32>
     %accr = linalg.fill ins(%zero : f32) outs(%er : tensor<?x32xf32>) -> tensor<?x32xf32>
     %pd = linalg.matmul ins(%x, %a : tensor<?x64xf16>, tensor<64x32xf16>) outs(%accr : tensor<?x32xf32>) -> tensor<?x32xf32>
@@ -204,39 +210,39 @@ module {
       %t = arith.mulf %in, %s1 : f16
       linalg.yield %t : f16
     } -> tensor<?x32xf16>
-    %pu = linalg.matmul ins(%down_scaled, %b : tensor<?x32xf16>, tensor<32x96xf16>) outs(%acc : tensor<?x96xf32>) -> tensor<?x96xf32>
-    %up = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%pu : tensor<?x96xf32>) outs(%e16 : tensor<?x96xf16>) {
+    %pu = linalg.matmul ins(%down_scaled, %b : tensor<?x32xf16>, tensor<32x128xf16>) outs(%acc : tensor<?x128xf32>) -> tensor<?x128xf32>
+    %up = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%pu : tensor<?x128xf32>) outs(%e16 : tensor<?x128xf16>) {
     ^bb0(%in: f32, %out: f16):
       %t = arith.truncf %in : f32 to f16
       linalg.yield %t : f16
-    } -> tensor<?x96xf16>
-    %scaled = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%up : tensor<?x96xf16>) outs(%e16 : tensor<?x96xf16>) {
+    } -> tensor<?x128xf16>
+    %scaled = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%up : tensor<?x128xf16>) outs(%e16 : tensor<?x128xf16>) {
     ^bb0(%in: f16, %out: f16):
       %t = arith.mulf %in, %s2 : f16
       linalg.yield %t : f16
-    } -> tensor<?x96xf16>
-    %y = linalg.generic {indexing_maps = [#map, #map, #map], iterator_types = ["parallel", "parallel"]} ins(%scaled, %base : tensor<?x96xf16>, tensor<?x96xf16>) outs(%e16 : tensor<?x96xf16>) {
+    } -> tensor<?x128xf16>
+    %y = linalg.generic {indexing_maps = [#map, #map, #map], iterator_types = ["parallel", "parallel"]} ins(%scaled, %base : tensor<?x128xf16>, tensor<?x128xf16>) outs(%e16 : tensor<?x128xf16>) {
     ^bb0(%in: f16, %in_1: f16, %out: f16):
       %t = arith.addf %in, %in_1 : f16
       linalg.yield %t : f16
-    } -> tensor<?x96xf16>
-    return %y : tensor<?x96xf16>
+    } -> tensor<?x128xf16>
+    return %y : tensor<?x128xf16>
   }
 
-  // x@A is also a result: the site stays unfused, its base and up products
-  // become GEMMs of their own (x@A's 8 columns are too few: the kernels want
-  // N % 32 = 0): the base a wgmma GEMM (K = 256, N = 512), the up product
-  // (K = 8) a general one.
+  // x@A is also a result: the site stays unfused, its base product becomes
+  // a GEMM of its own, the wgmma one (K = 256, N = 512); x@A (8 columns) and
+  // the up product (K = 8) are too small for the kernels (K and N multiples
+  // of 64) and stay with IREE.
   // CHECK-LABEL: func.func @lora_shared_down
   // CHECK-NOT:     stageml_lora
   // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_wgmma_bf16[%{{.+}}, %{{.+}}](%arg0, %{{.+}}, %{{.+}}, %c256_i32, %c512_i32)
-  // CHECK-NOT:     stageml_lora
-  // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_bf16[%{{.+}}, %{{.+}}](%{{.+}}, %{{.+}}, %{{.+}}, %c8_i32, %c512_i32{{.*}})
-  // CHECK-NOT:     stageml_lora
+  // CHECK-NOT:     flow.dispatch
+  // CHECK-COUNT-2: linalg.matmul
+  // CHECK-NOT:     flow.dispatch
   // CHECK:         return
   // REF-LABEL: func.func @lora_shared_down
   // REF:         call @stageml_gemm_wgmma_bf16_reference
-  // REF:         call @stageml_gemm_bf16_reference
+  // REF-NOT:     call
   // REF:         return
   func.func @lora_shared_down(%x: tensor<?x256xbf16>, %a: tensor<256x8xbf16>, %b: tensor<8x512xbf16>, %w: tensor<256x512xbf16>) -> (tensor<?x512xbf16>, tensor<?x8xbf16>) {
     %c0 = arith.constant 0 : index
@@ -282,18 +288,20 @@ module {
 
   // Adapter state: a request-path argument with bt.result = 0, result 0 of
   // the program's adapter function. The pack moves into the adapter
-  // function, which returns the strips; the argument's type follows.
-  // CHECK-LABEL: func.func @adapter(%arg0: tensor<256x512xf16>) -> tensor<64x256x8xf16>
-  // CHECK:         %[[S:.+]] = linalg.pack %arg0 {{.+}} -> tensor<64x256x8xf16>
+  // function, which returns the tiles; the argument's type follows.
+  // CHECK-LABEL: func.func @adapter(%arg0: tensor<256x512xf16>) -> tensor<8x4x8x64x8xf16>
+  // CHECK:         %[[SPLIT:.+]] = tensor.expand_shape %arg0
+  // CHECK:         %[[S:.+]] = linalg.transpose ins(%[[SPLIT]] {{.+}} outs(%{{.+}} : tensor<8x4x8x64x8xf16>)
   // CHECK:         return %[[S]]
-  // CHECK-LABEL: func.func @forward(%arg0: tensor<64x256x8xf16> {bt.result = 0 : i64}, %arg1: tensor<?x256xf16>)
-  // CHECK-NOT:     linalg.pack
+  // CHECK-LABEL: func.func @forward(%arg0: tensor<8x4x8x64x8xf16> {bt.result = 0 : i64}, %arg1: tensor<?x256xf16>)
+  // CHECK-NOT:     linalg.transpose
   // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_wgmma_f16[%{{.+}}, %{{.+}}](%arg1, %arg0,
-  // REF-LABEL: func.func @adapter(%arg0: tensor<256x512xf16>) -> tensor<64x256x8xf16>
-  // REF:         linalg.pack %arg0
-  // REF-LABEL: func.func @forward(%arg0: tensor<64x256x8xf16> {bt.result = 0 : i64}, %arg1: tensor<?x256xf16>)
-  // REF-NOT:     linalg.pack
-  // REF:         %[[SC:.+]] = tensor.cast %arg0 : tensor<64x256x8xf16> to tensor<?x?x8xf16>
+  // REF-LABEL: func.func @adapter(%arg0: tensor<256x512xf16>) -> tensor<8x4x8x64x8xf16>
+  // REF:         tensor.expand_shape %arg0
+  // REF:         linalg.transpose
+  // REF-LABEL: func.func @forward(%arg0: tensor<8x4x8x64x8xf16> {bt.result = 0 : i64}, %arg1: tensor<?x256xf16>)
+  // REF-NOT:     linalg.transpose
+  // REF:         %[[SC:.+]] = tensor.cast %arg0 : tensor<8x4x8x64x8xf16> to tensor<?x?x8x64x8xf16>
   // REF:         call @stageml_gemm_wgmma_f16_reference(%{{.+}}, %[[SC]],
   func.func @adapter(%w: tensor<256x512xf16>) -> tensor<256x512xf16> attributes {bt.stage = "adapter", bt.program = "adapted"} {
     return %w : tensor<256x512xf16>
@@ -318,7 +326,7 @@ module {
   // change its type for both, and packing it here would cost a pass over it
   // per request, so both products stay with IREE.
   // CHECK-LABEL: func.func @adapter_shared(%arg0: tensor<256x512xf16>) -> tensor<256x512xf16>
-  // CHECK-NOT:     linalg.pack
+  // CHECK-NOT:     linalg.transpose
   // CHECK-LABEL: func.func @forward_shared(%arg0: tensor<256x512xf16> {bt.result = 0 : i64}
   // CHECK-NOT:     flow.dispatch
   // CHECK-COUNT-2: linalg.matmul
@@ -411,39 +419,54 @@ module {
     return %y : tensor<?x1x16xf32>
   }
 
-  // No match: f32 products (the kernels are f16 / bf16), and N = 20, not a
-  // multiple of 32 (what the kernels need).
+  // No match: f32 products (the kernels are f16 / bf16), N = 96 and K = 32,
+  // multiples of 32 and 8 but not of 64 (what the kernels need).
   // CHECK-LABEL: func.func @unmatched
-  // CHECK-COUNT-2: linalg.matmul
+  // CHECK-COUNT-3: linalg.matmul
   // CHECK-NOT:     flow.dispatch
   // REF-LABEL: func.func @unmatched
-  // REF-COUNT-2: linalg.matmul
+  // REF-COUNT-3: linalg.matmul
   // REF-NOT:     call
   // REF:         return
-  func.func @unmatched(%x: tensor<4x64xf32>, %w: tensor<64x32xf32>, %h: tensor<4x64xf16>, %v: tensor<64x20xf16>) -> (tensor<4x32xf32>, tensor<4x20xf16>) {
+  func.func @unmatched(%x: tensor<4x64xf32>, %w: tensor<64x32xf32>, %h: tensor<4x64xf16>, %v: tensor<64x96xf16>, %g: tensor<4x32xf16>, %u: tensor<32x64xf16>) -> (tensor<4x32xf32>, tensor<4x96xf16>, tensor<4x64xf16>) {
     %zero = arith.constant 0.0 : f32
     %e = tensor.empty() : tensor<4x32xf32>
     %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<4x32xf32>) -> tensor<4x32xf32>
     %y = linalg.matmul ins(%x, %w : tensor<4x64xf32>, tensor<64x32xf32>) outs(%acc : tensor<4x32xf32>) -> tensor<4x32xf32>
-    %e2 = tensor.empty() : tensor<4x20xf32>
-    %acc2 = linalg.fill ins(%zero : f32) outs(%e2 : tensor<4x20xf32>) -> tensor<4x20xf32>
-    %p = linalg.matmul ins(%h, %v : tensor<4x64xf16>, tensor<64x20xf16>) outs(%acc2 : tensor<4x20xf32>) -> tensor<4x20xf32>
-    %e16 = tensor.empty() : tensor<4x20xf16>
-    %z = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%p : tensor<4x20xf32>) outs(%e16 : tensor<4x20xf16>) {
+    %e2 = tensor.empty() : tensor<4x96xf32>
+    %acc2 = linalg.fill ins(%zero : f32) outs(%e2 : tensor<4x96xf32>) -> tensor<4x96xf32>
+    %p = linalg.matmul ins(%h, %v : tensor<4x64xf16>, tensor<64x96xf16>) outs(%acc2 : tensor<4x96xf32>) -> tensor<4x96xf32>
+    %e16 = tensor.empty() : tensor<4x96xf16>
+    %z = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%p : tensor<4x96xf32>) outs(%e16 : tensor<4x96xf16>) {
     ^bb0(%in: f32, %out: f16):
       %t = arith.truncf %in : f32 to f16
       linalg.yield %t : f16
-    } -> tensor<4x20xf16>
-    return %y, %z : tensor<4x32xf32>, tensor<4x20xf16>
+    } -> tensor<4x96xf16>
+    %e3 = tensor.empty() : tensor<4x64xf32>
+    %acc3 = linalg.fill ins(%zero : f32) outs(%e3 : tensor<4x64xf32>) -> tensor<4x64xf32>
+    %q = linalg.matmul ins(%g, %u : tensor<4x32xf16>, tensor<32x64xf16>) outs(%acc3 : tensor<4x64xf32>) -> tensor<4x64xf32>
+    %e3_16 = tensor.empty() : tensor<4x64xf16>
+    %o = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%q : tensor<4x64xf32>) outs(%e3_16 : tensor<4x64xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %t = arith.truncf %in : f32 to f16
+      linalg.yield %t : f16
+    } -> tensor<4x64xf16>
+    return %y, %z, %o : tensor<4x32xf32>, tensor<4x96xf16>, tensor<4x64xf16>
   }
 
   // The references used are cloned in, private (IREE inlines them), each
-  // marked with the kernel it stands for, with those they call (the wgmma
-  // GEMM's checks its multiples, then calls the GEMM's); those not used are not.
-  // REF-DAG: func.func private @stageml_gemm_f16_reference(%{{.+}}: tensor<?x?xf16>, %{{.+}}: tensor<?x?x8xf16>, %{{.+}}: i32, %{{.+}}: i32, %{{.+}}: i32) -> tensor<?x?xf16> attributes {stageml.reference_of = "stageml_gemm_f16"}
+  // marked with the kernel it stands for, with the functions they call: the
+  // wgmma GEMM's checks its multiples, then calls the GEMM's; the GEMM's and
+  // the LoRA's call the f32 product of x and the tiles, a part they share
+  // (stageml.reference_part). Those not used are not cloned.
+  // REF-DAG: func.func private @stageml_product_f16(%{{.+}}: tensor<?x?xf16>, %{{.+}}: tensor<?x?x8x64x8xf16>) -> tensor<?x?xf32> attributes {stageml.reference_part}
+  // REF-DAG: func.func private @stageml_product_bf16(
+  // REF-DAG: func.func private @stageml_gemm_f16_reference(%{{.+}}: tensor<?x?xf16>, %{{.+}}: tensor<?x?x8x64x8xf16>, %{{.+}}: i32, %{{.+}}: i32, %{{.+}}: i32) -> tensor<?x?xf16> attributes {stageml.reference_of = "stageml_gemm_f16"}
+  // REF-DAG: cf.assert %{{.+}}, "stageml_gemm_f16: K and N must be multiples of 64"
+  // REF-DAG: call @stageml_product_f16(%arg0, %arg1)
   // REF-DAG: func.func private @stageml_gemm_bf16_reference(
-  // REF-DAG: func.func private @stageml_gemm_wgmma_f16_reference(%{{.+}}: tensor<?x?xf16>, %{{.+}}: tensor<?x?x8xf16>, %{{.+}}: i32, %{{.+}}: i32, %{{.+}}: i32) -> tensor<?x?xf16> attributes {stageml.reference_of = "stageml_gemm_wgmma_f16"}
-  // REF-DAG: cf.assert %{{.+}}, "stageml_gemm_wgmma_f16: K must be a multiple of 256 and N of 128"
+  // REF-DAG: func.func private @stageml_gemm_wgmma_f16_reference(%{{.+}}: tensor<?x?xf16>, %{{.+}}: tensor<?x?x8x64x8xf16>, %{{.+}}: i32, %{{.+}}: i32, %{{.+}}: i32) -> tensor<?x?xf16> attributes {stageml.reference_of = "stageml_gemm_wgmma_f16"}
+  // REF-DAG: cf.assert %{{.+}}, "stageml_gemm_wgmma_f16: K must be a multiple of 256 and N of 64"
   // REF-DAG: call @stageml_gemm_f16_reference(%arg0, %arg1, %arg2, %arg3, %arg4)
   // REF-DAG: func.func private @stageml_gemm_wgmma_bf16_reference(
   // REF-DAG: call @stageml_gemm_bf16_reference(%arg0, %arg1, %arg2, %arg3, %arg4)
