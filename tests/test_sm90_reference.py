@@ -4,20 +4,26 @@ rewrite computes what the IREE input it replaced computes.
 For each kernel pattern (GEMM against adapter state, LoRA against a global
 weight with the scale after the second product or on x@A, BGMV against a
 slot table), f16 and bf16, and random K (64, 128 or 192, so never the wgmma
-GEMM's) and N (64 to 256), and for the wgmma GEMM (the GEMM where K is a
-multiple of 256) each K of 256 and 512 with each N of 64 and 192: the IREE
-input like the lit test's is compiled for llvm-cpu as it is and after the
-pass, which replaces the match by a call of the kernel's CPU reference
-(compiler/sm90/reference.mlir) with the operands and push constants the
-kernel's dispatch would get. Both run on the same fresh random inputs at 1,
-5 and 16 rows (the wgmma GEMM, made for any row count: 1, 5, 37 and 300);
-the rewritten module's relative error against the original must stay
-within 2e-3 (f16) / 1e-2 (bf16) (the kernels round less often than the
-linalg they replace; BGMV's f32 results within 1e-5), and the rewritten
-module must call the reference, so no test passes by not matching. The
-GEMM's adapter function returns the tiles it packed: they must be W in the
-kernels' layout, element by element. The seed is printed;
-STAGEML_SEED=<seed> repeats a run.
+GEMM's) and N (64 to 256), for the wgmma GEMM (the GEMM where K is a
+multiple of 256) each K of 256 and 512 with each N of 64 and 192, and for
+a multi-tenant site (a base product against a global weight plus its
+expand, the per-row product of the rounded shrink by a slot table: the
+base product with its expand fused, gemm_expand, the shrink a BGMV) K 256
+and 512 with N 192 and 64: the IREE input like the lit test's is compiled
+for llvm-cpu as it is and after the pass, which replaces the match by a
+call of the kernel's CPU reference (compiler/sm90/reference.mlir) with the
+operands and push constants the kernel's dispatch would get. Both run on
+the same fresh random inputs at 1, 5 and 16 rows (the wgmma kernels, made
+for any row count: 1, 5, 37 and 300); the rewritten module's relative error
+against the original must stay within 2e-3 (f16) / 1e-2 (bf16) (the kernels
+round less often than the linalg they replace; BGMV's f32 results within
+1e-5), and the rewritten module must call the reference, so no test passes
+by not matching. The GEMM's adapter function returns the tiles it packed:
+they must be W in the kernels' layout, element by element.
+
+The gemm_expand reference is also run alone against its semantics in f64
+(numpy), with the rows past the ids (slot 0), more ids than rows, and rows of
+t past M (not read). The seed is printed; STAGEML_SEED=<seed> repeats a run.
 """
 
 import os
@@ -32,7 +38,7 @@ from iree import runtime as iree_rt
 from iree.compiler import ir
 
 from stageml.compiler.passes import run_passes
-from stageml.compiler.sm90 import use_custom_kernels  # noqa: F401 (registers the pass)
+from stageml.compiler.sm90 import use_custom_kernels  # (importing it registers the pass)
 
 SEED = int(os.environ.get("STAGEML_SEED") or secrets.randbits(32))
 ROWS = (1, 5, 16)
@@ -45,8 +51,10 @@ F32_BOUND = 1e-5  # BGMV: f32 sums on both sides, in other orders
 
 CASES = [("gemm", t) for t in DTYPES] \
     + [(f"gemm_wgmma-{k}x{n}", t) for k in (256, 512) for n in (64, 192) for t in DTYPES] \
-    + [(f"lora-{order}", t) for order in ("outer", "inner") for t in DTYPES] + [("bgmv", t) for t in DTYPES]
+    + [(f"lora-{order}", t) for order in ("outer", "inner") for t in DTYPES] + [("bgmv", t) for t in DTYPES] \
+    + [(f"gemm_expand-{k}x{n}", t) for k, n in ((256, 192), (512, 64)) for t in DTYPES]
 GEMMS = ("gemm", "gemm_wgmma")
+WGMMA = ("gemm_wgmma", "gemm_expand")  # the kernels of any row count, the shapes given
 TILE, STRIP = 64, 8
 
 
@@ -156,6 +164,43 @@ module {{
 }}"""
 
 
+def _per_row(name: str, x: str, k: int, table: str, slots: int, n: int, t: str) -> str:
+    """%name = fuse-gathers' per-row product of `x` (one-token rows [?, 1, k]), each
+    row by its own slot of `table` ([slots, k, n]), into f32: rows %m."""
+    x_type, y_type, table_type = f"tensor<?x1x{k}x{t}>", f"tensor<?x1x{n}xf32>", f"tensor<{slots}x{k}x{n}x{t}>"
+    return f"""
+    %{name}_e = tensor.empty(%m) : {y_type}
+    %{name}_z = linalg.fill ins(%zero : f32) outs(%{name}_e : {y_type}) -> {y_type}
+    %{name} = linalg.generic {{indexing_maps = [affine_map<(b, m, n, k) -> (b, m, k)>, affine_map<(b, m, n, k) -> (b)>,
+                                                affine_map<(b, m, n, k) -> (b, m, n)>],
+                               iterator_types = ["parallel", "parallel", "parallel", "reduction"]}}
+        ins({x}, %ids : {x_type}, tensor<?xi64>) outs(%{name}_z : {y_type}) {{
+    ^bb0(%in: {t}, %id: i64, %out: f32):
+      %slot = arith.index_cast %id : i64 to index
+      %col = linalg.index 2 : index
+      %row = linalg.index 3 : index
+      %v = tensor.extract {table}[%slot, %row, %col] : {table_type}
+      %vf = arith.extf %v : {t} to f32
+      %xf = arith.extf %in : {t} to f32
+      %p = arith.mulf %xf, %vf : f32
+      %s = arith.addf %out, %p : f32
+      linalg.yield %s : f32
+    }} -> {y_type}"""
+
+
+def _rounded_rows(name: str, value: str, n: int, t: str) -> str:
+    """%name = truncf(value) to T, value f32 one-token rows [?, 1, n]."""
+    f32, out = f"tensor<?x1x{n}xf32>", f"tensor<?x1x{n}x{t}>"
+    return f"""
+    %{name}_o = tensor.empty(%m) : {out}
+    %{name} = linalg.generic {{indexing_maps = [#rows, #rows], iterator_types = ["parallel", "parallel", "parallel"]}}
+        ins({value} : {f32}) outs(%{name}_o : {out}) {{
+    ^bb0(%in: f32, %out: {t}):
+      %r = arith.truncf %in : f32 to {t}
+      linalg.yield %r : {t}
+    }} -> {out}"""
+
+
 def _bgmv_module(t: str, k: int, n: int) -> str:
     """fuse-gathers' per-row product: each one-token row by its own slot of the table."""
     x_type, y_type, table_type = f"tensor<?x1x{k}x{t}>", f"tensor<?x1x{n}xf32>", f"tensor<{SLOTS}x{k}x{n}x{t}>"
@@ -165,25 +210,36 @@ module {{
       attributes {{bt.stage = "dynamic", bt.program = "factorized"}} {{
     %c0 = arith.constant 0 : index
     %zero = arith.constant 0.0 : f32
-    %rows = tensor.dim %x, %c0 : {x_type}
-    %e = tensor.empty(%rows) : {y_type}
-    %acc = linalg.fill ins(%zero : f32) outs(%e : {y_type}) -> {y_type}
-    %y = linalg.generic {{indexing_maps = [affine_map<(b, m, n, k) -> (b, m, k)>, affine_map<(b, m, n, k) -> (b)>,
-                                          affine_map<(b, m, n, k) -> (b, m, n)>],
-                         iterator_types = ["parallel", "parallel", "parallel", "reduction"]}}
-        ins(%x, %ids : {x_type}, tensor<?xi64>) outs(%acc : {y_type}) {{
-    ^bb0(%in: {t}, %id: i64, %out: f32):
-      %slot = arith.index_cast %id : i64 to index
-      %col = linalg.index 2 : index
-      %row = linalg.index 3 : index
-      %w = tensor.extract %table[%slot, %row, %col] : {table_type}
-      %wf = arith.extf %w : {t} to f32
-      %xf = arith.extf %in : {t} to f32
-      %p = arith.mulf %xf, %wf : f32
-      %s = arith.addf %out, %p : f32
-      linalg.yield %s : f32
-    }} -> {y_type}
+    %m = tensor.dim %x, %c0 : {x_type}{_per_row("y", "%x", k, "%table", SLOTS, n, t)}
     return %y : {y_type}
+  }}
+}}"""
+
+
+def _expand_module(t: str, k: int, n: int, w: np.ndarray) -> str:
+    """A multi-tenant site as fuse-gathers leaves it: the base product against a
+    global weight plus the expand, the per-row product of the rounded shrink t
+    (itself the per-row product of x by the A table) by the B table, rounded and
+    collapsed to [M, N]."""
+    x_type, w_type, out = f"tensor<?x{k}x{t}>", f"tensor<{k}x{n}x{t}>", f"tensor<?x{n}x{t}>"
+    a_type, b_type = f"tensor<{SLOTS}x{k}x{RANK}x{t}>", f"tensor<{SLOTS}x{RANK}x{n}x{t}>"
+    return f"""{_MAP}
+#rows = affine_map<(d0, d1, d2) -> (d0, d1, d2)>
+module {{
+  util.global private @w = {_dense(w)} : {w_type}
+  func.func @forward(%x: {x_type}, %ids: tensor<?xi64>, %a: {a_type} {{bt.kind = "resident"}},
+                     %b: {b_type} {{bt.kind = "resident"}}) -> {out}
+      attributes {{bt.stage = "dynamic", bt.program = "factorized"}} {{
+    %c0 = arith.constant 0 : index
+    %zero = arith.constant 0.0 : f32
+    %w = util.global.load @w : {w_type}
+    %m = tensor.dim %x, %c0 : {x_type}{_product("base", "%x", x_type, "%w", w_type, n, t)}
+    %x1 = tensor.expand_shape %x [[0], [1, 2]] output_shape [%m, 1, {k}] : {x_type} into tensor<?x1x{k}x{t}>{
+        _per_row("shrink", "%x1", k, "%a", SLOTS, RANK, t)}{_rounded_rows("shrunk", "%shrink", RANK, t)}{
+        _per_row("expand", "%shrunk", RANK, "%b", SLOTS, n, t)}{_rounded_rows("expanded", "%expand", n, t)}
+    %low_rank = tensor.collapse_shape %expanded [[0, 1], [2]] : tensor<?x1x{n}x{t}> into {out}{
+        _elementwise("y", "addf", ["%base", "%low_rank"], n, t)}
+    return %y : {out}
   }}
 }}"""
 
@@ -217,7 +273,7 @@ def test_reference_rewrite_computes_the_original(pattern, t):
     print(f"seed {SEED} (STAGEML_SEED={SEED} repeats it)")
     rng = _rng(pattern, t)
     kernel = pattern.split("-")[0]
-    if kernel == "gemm_wgmma":
+    if kernel in WGMMA:
         k, n = map(int, pattern.split("-")[1].split("x"))
     else:
         k, n = TILE * int(rng.integers(1, 4)), TILE * int(rng.integers(1, 5))
@@ -228,16 +284,18 @@ def test_reference_rewrite_computes_the_original(pattern, t):
         # exact in T, and at least sqrt(2) away from 1 by ratio: a dropped scale shows
         scale = float(DTYPES[t](2.0 ** (rng.choice([-1, 1]) * rng.uniform(0.5, 2.0))))
         text = _lora_module(t, k, n, w, scale, pattern.split("-")[1])
+    elif kernel == "gemm_expand":
+        text = _expand_module(t, k, n, _random(rng, (k, n), t, k ** -0.5))
     else:
         text = _bgmv_module(t, k, n)
     rewritten, stats = _rewritten(text)
-    assert stats == {f"stageml_{kernel}": 1}
+    assert stats == {f"stageml_{kernel}": 1, **({"stageml_bgmv": 1} if kernel == "gemm_expand" else {})}
     assert f"call @stageml_{kernel}_{t}_reference(" in rewritten  # the match happened: the reference runs
     assert "linalg.matmul" not in rewritten.split("func.func private @stageml_")[0]
     original, reference = _load(text), _load(rewritten)
 
     bound = F32_BOUND if kernel == "bgmv" else BOUNDS[t]
-    for rows in WGMMA_ROWS if kernel == "gemm_wgmma" else ROWS:
+    for rows in WGMMA_ROWS if kernel in WGMMA else ROWS:
         if kernel in GEMMS:
             w, x = _random(rng, (k, n), t, k ** -0.5), _random(rng, (rows, k), t)
             tiles = reference["adapter"](w).to_host()
@@ -248,6 +306,10 @@ def test_reference_rewrite_computes_the_original(pattern, t):
             x = _random(rng, (rows, k), t)
             a, b = _random(rng, (k, RANK), t, k ** -0.5), _random(rng, (RANK, n), t, RANK ** -0.5)
             outputs = [m["forward"](x, a, b).to_host() for m in (original, reference)]
+        elif kernel == "gemm_expand":
+            x, ids = _random(rng, (rows, k), t), rng.integers(0, SLOTS, rows).astype(np.int64)
+            a, b = _random(rng, (SLOTS, k, RANK), t, k ** -0.5), _random(rng, (SLOTS, RANK, n), t, RANK ** -0.5)
+            outputs = [m["forward"](x, ids, a, b).to_host() for m in (original, reference)]
         else:
             x, table = _random(rng, (rows, 1, k), t), _random(rng, (SLOTS, k, n), t, k ** -0.5)
             ids = rng.integers(0, SLOTS, rows).astype(np.int64)
@@ -256,3 +318,44 @@ def test_reference_rewrite_computes_the_original(pattern, t):
         assert actual.shape == expected.shape and actual.dtype == expected.dtype
         err = _rel_err(actual, expected)
         assert err <= bound, f"{pattern} {t} K={k} N={n} rows={rows}: rel. err {err:.2e} > {bound:.0e} (seed {SEED})"
+
+
+def _expand_reference(t: str) -> str:
+    """reference.mlir with @run, a public call of stageml_gemm_expand_T's reference."""
+    x, w, table = f"tensor<?x?x{t}>", f"tensor<?x?x8x64x8x{t}>", f"tensor<?x?x?x{t}>"
+    operands = f"{x}, {w}, tensor<?x1x?xf32>, tensor<?xi64>, {table}, i32, i32, i32, i32, i32"
+    return use_custom_kernels.REFERENCES.read_text() + f"""
+func.func @run(%x: {x}, %w: {w}, %t: tensor<?x1x?xf32>, %ids: tensor<?xi64>, %table: {table},
+               %m: i32, %k: i32, %n: i32, %r: i32, %rows: i32) -> {x} {{
+  %y = func.call @stageml_gemm_expand_{t}_reference(%x, %w, %t, %ids, %table, %m, %k, %n, %r, %rows)
+      : ({operands}) -> {x}
+  return %y : {x}
+}}"""
+
+
+# (M, rows of t, ids given): the ids for every row; fewer (the rest slot 0); more; t with rows past M
+EXPAND_ROWS = [(5, 5, 5), (7, 7, 3), (4, 4, 6), (300, 302, 100), (1, 1, 0)]
+
+
+@pytest.mark.parametrize("t", DTYPES)
+def test_gemm_expand_reference_computes_its_semantics(t):
+    """y[m] = T(x[m] @ W + t[m, 0] @ table[slot(m)]), slot(m) = ids[m] for m < rows,
+    else 0, against f64 (numpy), w in the kernels' tiles."""
+    print(f"seed {SEED} (STAGEML_SEED={SEED} repeats it)")
+    rng = _rng("gemm_expand-reference", t)
+    k, n, rank, slots = 256, 192, 5, 4
+    module = _load(_expand_reference(t))
+    for m, t_rows, given in EXPAND_ROWS:
+        x, w = _random(rng, (m, k), t), _random(rng, (k, n), t, k ** -0.5)
+        t_f32 = rng.standard_normal((t_rows, 1, rank)).astype(np.float32)
+        t_f32[m:] = 1e30  # not read
+        table = _random(rng, (slots, rank, n), t, rank ** -0.5)  # slot 0 too: the rows past the ids read it
+        ids = rng.integers(1, slots, given).astype(np.int64)
+        y = module["run"](x, _tiles(w), t_f32, ids, table, m, k, n, rank, given).to_host()
+        slot = np.zeros(m, np.int64)
+        slot[:min(m, given)] = ids[:m]
+        expected = (x.astype(np.float64) @ w.astype(np.float64)
+                    + np.einsum("mr,mrn->mn", t_f32[:m, 0].astype(np.float64), table.astype(np.float64)[slot]))
+        assert y.shape == (m, n) and y.dtype == DTYPES[t]
+        err = _rel_err(y, expected)
+        assert err <= BOUNDS[t], f"{t} M={m} rows={given}: rel. err {err:.2e} > {BOUNDS[t]:.0e} (seed {SEED})"

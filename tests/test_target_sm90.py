@@ -64,13 +64,13 @@ def test_merged_residual_dispatches_the_gemm_kernel(sm90_artifacts):
     assert manifest["report"]["custom_kernels"] == MERGED_KERNELS
 
 
-# @forward's merged x@W and @forward_factorized's base x@W (K = N = 256); x@A and (x@A)@B of each row's
-# own adapter
-TENANT_KERNELS = {"stageml_gemm_wgmma": 2, "stageml_bgmv": 2}
+# @forward's merged x@W (K = N = 256); @forward_factorized's site: x@A a BGMV (the shrink), x@W with the
+# expand (x@A)@B of each row's own adapter in its epilogue
+TENANT_KERNELS = {"stageml_gemm_wgmma": 1, "stageml_gemm_expand": 1, "stageml_bgmv": 1}
 
 
 def _tenant_model(seed: int, rank: int = 8):
-    """A PEFT LoRA on one 256x256 layer (no bias), f16: the wgmma kernel's multiples."""
+    """A PEFT LoRA on one 256x256 layer (no bias), f16: the fused kernel's multiples."""
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(0)
@@ -86,12 +86,12 @@ def tenant_artifact():
 
 
 @needs_nvcc
-def test_wgmma_gemm_keeps_its_dynamic_shared_memory(tenant_artifact):
-    """hopper.mlir's `workgroup_local_memory` of the wgmma export survives
-    IREE's compile: the export in the residual's hal.executable carries it,
-    and the .vmfb's CUDA executable gives it as the export's
-    block_shared_memory_size, which IREE's runtime sets on the kernel
-    (cuFuncSetAttribute) and launches it with."""
+def test_wgmma_kernels_keep_their_dynamic_shared_memory(tenant_artifact):
+    """hopper.mlir's `workgroup_local_memory` of the wgmma exports (the GEMM
+    and the GEMM with a fused expand) survives IREE's compile: the exports in
+    the residual's hal.executable carry it, and the .vmfb's CUDA executable
+    gives it as the export's block_shared_memory_size, which IREE's runtime
+    sets on the kernel (cuFuncSetAttribute) and launches it with."""
     art = tenant_artifact
     hal = iree_compiler.compile_str(art.mlir["iree"], target_backends=["cuda"],
                                     extra_args=[f"--iree-hal-executable-object-search-path={build.build()}",
@@ -106,9 +106,10 @@ def test_wgmma_gemm_keeps_its_dynamic_shared_memory(tenant_artifact):
             return ir.WalkResult.ADVANCE
 
         module.operation.walk(visit)
-        export = exports["stageml_gemm_wgmma_f16"]
-        assert ir.IntegerAttr(export.attributes["workgroup_local_memory"]).value == 197632
-        assert [ir.IntegerAttr(d).value for d in ir.ArrayAttr(export.attributes["workgroup_size"])] == [256, 1, 1]
+        for name in ("stageml_gemm_wgmma_f16", "stageml_gemm_expand_f16"):
+            export = exports[name]
+            assert ir.IntegerAttr(export.attributes["workgroup_local_memory"]).value == 197632
+            assert [ir.IntegerAttr(d).value for d in ir.ArrayAttr(export.attributes["workgroup_size"])] == [256, 1, 1]
         assert "workgroup_local_memory" not in exports["stageml_bgmv_f16"].attributes
     # the CUDA ExportDef (flatbuffer): block_dims (256, 1, 1), then block_shared_memory_size
     assert struct.pack("<4I", 256, 1, 1, 197632) in art.vmfb
@@ -132,13 +133,14 @@ def test_bfloat16_uses_the_bf16_kernels(sm90_artifacts):
 
 
 @needs_nvcc
-def test_multi_tenant_one_token_rows_use_bgmv(tenant_artifact):
+def test_multi_tenant_site_is_a_bgmv_and_the_gemm_with_its_expand(tenant_artifact):
     art = tenant_artifact
     assert art.report.custom_kernels == TENANT_KERNELS
     forward = art.mlir["iree"].split("@forward_factorized")[1]
-    assert forward.count("flow.dispatch @stageml_sm90::@stageml_bgmv_f16[") == 2
+    assert forward.count("flow.dispatch @stageml_sm90::@stageml_bgmv_f16[") == 1
+    assert forward.count("flow.dispatch @stageml_sm90::@stageml_gemm_expand_f16[") == 1
     assert "tensor.extract %" not in forward and "linalg.matmul" not in forward
-    assert b"stageml_bgmv_f16" in art.vmfb
+    assert b"stageml_gemm_expand_f16" in art.vmfb
 
 
 def test_no_custom_kernels_is_iree_codegen_for_the_hopper_target():
@@ -227,3 +229,30 @@ def test_sm90_bgmv_rewrite_matches_peft_on_the_cpu(tmp_path):
             expected[1] = wide(x[1:2].double())[0]
     assert rel_err(mod.run_batch(x, ["a", None, "a", "a"]), expected) <= 2e-3
 
+
+def test_sm90_gemm_expand_rewrite_matches_peft_on_the_cpu(tmp_path):
+    """A multi-tenant site whose base product takes the fused kernel (K = N = 256),
+    with its CPU reference, against PEFT: rows of two adapters (ranks 8 and 4)
+    and of the base model in one batch."""
+    seed = torch.seed()
+    print(f"seed {seed}")
+    models = {"a": _tenant_model(seed % 2 ** 31), "b": _tenant_model(seed % 2 ** 31 + 1, rank=4)}
+    art = stageml.compile(models["a"], (torch.randn(3, 256).half(),), dynamic_shapes=ROWS, target="sm90",
+                          max_adapters=3, max_rank=8, custom_kernels="reference")
+    assert art.report.custom_kernels == TENANT_KERNELS
+    mod = art.load(str(tmp_path / "expand.vmfb"), policy="factorized")
+    for name, model in models.items():
+        mod.load_adapter(name, {k: v for k, v in model.state_dict().items() if "lora_" in k},
+                         config=model.peft_config["default"])
+    names = ["a", None, "b", "a", None, "b", "b"]
+    x = torch.randn(len(names), 256).half()
+    expected = torch.empty(len(names), 256, dtype=torch.float64)
+    with torch.no_grad():
+        for i, name in enumerate(names):
+            wide = copy.deepcopy(models[name or "a"]).double()
+            if name is None:
+                with wide.disable_adapter():
+                    expected[i] = wide(x[i:i + 1].double())[0]
+            else:
+                expected[i] = wide(x[i:i + 1].double())[0]
+    assert rel_err(mod.run_batch(x, names), expected) <= 2e-3

@@ -16,11 +16,12 @@
 // kernel runs 256 threads per block; its grid comes from the workload (M, N),
 // by the formula kernels.cu documents: for GEMM and LoRA, one block per 32
 // columns when M <= 64 (the memory-bound regimes), else one per 64x64 tile;
-// for the wgmma GEMM, (N/64, 2, max(1, ceil(M/256))), the 2 blocks along y
-// one thread-block cluster that splits K in halves (the cluster shape is
-// compiled into the kernel), each block with 197632 bytes of dynamic shared
-// memory, which IREE's CUDA runtime sets and launches with
-// (`workgroup_local_memory`); for BGMV, one per 32 columns of each row.
+// for the wgmma GEMM and the GEMM with a fused expand, (N/64, 2,
+// max(1, ceil(M/256))), the 2 blocks along y one thread-block cluster that
+// splits K in halves (the cluster shape is compiled into the kernel), each
+// block with 197632 bytes of dynamic shared memory, which IREE's CUDA runtime
+// sets and launches with (`workgroup_local_memory`); for BGMV, one per 32
+// columns of each row.
 #sm90 = #hal.executable.target<"cuda", "cuda-nvptx-fb", {
   iree_codegen.target_info = #iree_gpu.target<arch = "sm_90", features = "+ptx80",
     wgp = <compute = fp64|fp32|fp16|int64|int32|int16|int8, storage = b64|b32|b16|b8,
@@ -45,6 +46,12 @@
 // x[B,K] (rows of one token), ids[B], table[S,K,N] → y[B,N] (f32), row b by
 // table[ids[b]]; constants B, K, N.
 #bgmv = #hal.pipeline.layout<constants = 3, bindings = [
+  #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>,
+  #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer>]>
+// x[M,K] @ w[K,N] + t[M,R] (f32) @ table[slot(m)] → y[M,N], table [S,R,N], slot(m) = ids[m]
+// for m < rows, else 0; constants M, K, N, R, rows.
+#expand = #hal.pipeline.layout<constants = 5, bindings = [
+  #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>,
   #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>,
   #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer>]>
 
@@ -138,6 +145,30 @@ module attributes {hal.device.targets = [#hal.device.target<"cuda", [#sm90]> : !
     } <workgroup_size = [256 : index, 1 : index, 1 : index], workgroup_local_memory = 197632>
 
     hal.executable.export public @stageml_gemm_wgmma_bf16 ordinal(7) layout(#gemm)
+        count(%device: !hal.device, %m: index, %n: index) -> (index, index, index) {
+      %c1 = arith.constant 1 : index
+      %cols = arith.constant 64 : index
+      %cluster = arith.constant 2 : index
+      %rows = arith.constant 256 : index
+      %x = arith.ceildivui %n, %cols : index
+      %row_blocks = arith.ceildivui %m, %rows : index
+      %z = arith.maxui %row_blocks, %c1 : index
+      hal.return %x, %cluster, %z : index, index, index
+    } <workgroup_size = [256 : index, 1 : index, 1 : index], workgroup_local_memory = 197632>
+
+    hal.executable.export public @stageml_gemm_expand_f16 ordinal(8) layout(#expand)
+        count(%device: !hal.device, %m: index, %n: index) -> (index, index, index) {
+      %c1 = arith.constant 1 : index
+      %cols = arith.constant 64 : index
+      %cluster = arith.constant 2 : index
+      %rows = arith.constant 256 : index
+      %x = arith.ceildivui %n, %cols : index
+      %row_blocks = arith.ceildivui %m, %rows : index
+      %z = arith.maxui %row_blocks, %c1 : index
+      hal.return %x, %cluster, %z : index, index, index
+    } <workgroup_size = [256 : index, 1 : index, 1 : index], workgroup_local_memory = 197632>
+
+    hal.executable.export public @stageml_gemm_expand_bf16 ordinal(9) layout(#expand)
         count(%device: !hal.device, %m: index, %n: index) -> (index, index, index) {
       %c1 = arith.constant 1 : index
       %cols = arith.constant 64 : index

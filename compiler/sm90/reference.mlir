@@ -44,6 +44,18 @@
 //                                                          both products; one rounding)
 //     guarantees: K % 64 = 0, N % 64 = 0, 1 <= R <= 32, shapes as above
 //
+//   stageml_gemm_expand_T(x: [M,K] T, w: [N/64,K/64,8,64,8] T, t: [M',1,R] f32,
+//                         ids: [rows] i64, table: [S,R,N] T,
+//                         M, K, N, R, rows: i32) -> y: [M,N] T
+//     a multi-tenant layer's base product with its LoRA expand: t is each
+//     row's shrink product (rows of t past M are not read), slot(m) = ids[m]
+//     for m < rows, else 0
+//     v[m,n] = sum_k f32(x) * f32(W)                      (f32)
+//     l[m,n] = sum_r t[m,0,r] * f32(table[slot(m),r,n])   (f32)
+//     y = T(v + l)                                        (one rounding)
+//     guarantees: K % 256 = 0, N % 64 = 0, R >= 1, M' >= M, 0 <= ids[i] < S
+//     (the kernel trusts them), S >= 1 where rows < M, shapes as above
+//
 //   stageml_bgmv_T(x: [B,1,K] T, ids: [B] i64, table: [S,K,N] T, B, K, N: i32)
 //       -> y: [B,1,N] f32
 //     y[b,0,n] = sum_k f32(x[b,0,k]) * f32(table[ids[b],k,n])   (f32, no rounding)
@@ -343,6 +355,230 @@ func.func private @stageml_lora_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<
       ins(%v, %l : tensor<?x?xf32>, tensor<?x?xf32>) outs(%ye : tensor<?x?xbf16>) {
   ^bb0(%base: f32, %low_rank: f32, %out: bf16):
     %sum = math.fma %scale, %low_rank, %base : f32
+    %rounded = arith.truncf %sum : f32 to bf16
+    linalg.yield %rounded : bf16
+  } -> tensor<?x?xbf16>
+  return %y : tensor<?x?xbf16>
+}
+
+// ---------------------------------------------------------------- GEMM with a fused expand
+
+func.func private @stageml_gemm_expand_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x?x8x64x8xf16>,
+    %t: tensor<?x1x?xf32>, %ids: tensor<?xi64>, %table: tensor<?x?x?xf16>,
+    %m: i32, %k: i32, %n: i32, %r: i32, %rows: i32) -> tensor<?x?xf16>
+    attributes {stageml.reference_of = "stageml_gemm_expand_f16"} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %c64 = arith.constant 64 : index
+  %c256 = arith.constant 256 : index
+  %zero = arith.constant 0.0 : f32
+  %true = arith.constant true
+  %zero_i64 = arith.constant 0 : i64
+  %M = arith.index_cast %m : i32 to index
+  %K = arith.index_cast %k : i32 to index
+  %N = arith.index_cast %n : i32 to index
+  %R = arith.index_cast %r : i32 to index
+  %ROWS = arith.index_cast %rows : i32 to index
+  %xm = tensor.dim %x, %c0 : tensor<?x?xf16>
+  %xk = tensor.dim %x, %c1 : tensor<?x?xf16>
+  %tn = tensor.dim %w, %c0 : tensor<?x?x8x64x8xf16>
+  %tk = tensor.dim %w, %c1 : tensor<?x?x8x64x8xf16>
+  %tm = tensor.dim %t, %c0 : tensor<?x1x?xf32>
+  %tr = tensor.dim %t, %c2 : tensor<?x1x?xf32>
+  %ir = tensor.dim %ids, %c0 : tensor<?xi64>
+  %slots = tensor.dim %table, %c0 : tensor<?x?x?xf16>
+  %br = tensor.dim %table, %c1 : tensor<?x?x?xf16>
+  %bn = tensor.dim %table, %c2 : tensor<?x?x?xf16>
+  %wn = arith.muli %tn, %c64 : index
+  %wk = arith.muli %tk, %c64 : index
+  %s0 = arith.cmpi eq, %xm, %M : index
+  %s1 = arith.cmpi eq, %xk, %K : index
+  %s2 = arith.cmpi eq, %wk, %K : index
+  %s3 = arith.cmpi eq, %wn, %N : index
+  %s4 = arith.cmpi uge, %tm, %M : index
+  %s5 = arith.cmpi eq, %tr, %R : index
+  %s6 = arith.cmpi eq, %ir, %ROWS : index
+  %s7 = arith.cmpi eq, %br, %R : index
+  %s8 = arith.cmpi eq, %bn, %N : index
+  %s01 = arith.andi %s0, %s1 : i1
+  %s23 = arith.andi %s2, %s3 : i1
+  %s45 = arith.andi %s4, %s5 : i1
+  %s67 = arith.andi %s6, %s7 : i1
+  %s03 = arith.andi %s01, %s23 : i1
+  %s47 = arith.andi %s45, %s67 : i1
+  %s07 = arith.andi %s03, %s47 : i1
+  %shapes = arith.andi %s07, %s8 : i1
+  cf.assert %shapes, "stageml_gemm_expand_f16: x must be [M, K], w [N/64, K/64, 8, 64, 8], t [M', 1, R] with M' >= M, ids [rows] and table [S, R, N] (push constants M, K, N, R, rows)"
+  %kr = arith.remui %K, %c256 : index
+  %nr = arith.remui %N, %c64 : index
+  %rem = arith.ori %kr, %nr : index
+  %aligned = arith.cmpi eq, %rem, %c0 : index
+  %r_ok = arith.cmpi sge, %R, %c1 : index
+  %limits = arith.andi %aligned, %r_ok : i1
+  cf.assert %limits, "stageml_gemm_expand_f16: K must be a multiple of 256, N of 64, and R >= 1"
+  %slots_i64 = arith.index_cast %slots : index to i64
+  %ie = tensor.empty() : tensor<i1>
+  %i0 = linalg.fill ins(%true : i1) outs(%ie : tensor<i1>) -> tensor<i1>
+  %in_range = linalg.generic {indexing_maps = [affine_map<(i) -> (i)>, affine_map<(i) -> ()>],
+                              iterator_types = ["reduction"]}
+      ins(%ids : tensor<?xi64>) outs(%i0 : tensor<i1>) {
+  ^bb0(%id: i64, %all: i1):
+    %lo = arith.cmpi sge, %id, %zero_i64 : i64
+    %hi = arith.cmpi slt, %id, %slots_i64 : i64
+    %ok = arith.andi %lo, %hi : i1
+    %still = arith.andi %all, %ok : i1
+    linalg.yield %still : i1
+  } -> tensor<i1>
+  %ids_ok = tensor.extract %in_range[] : tensor<i1>
+  cf.assert %ids_ok, "stageml_gemm_expand_f16: every id must be a slot of the table (0 <= id < S)"
+  %covered = arith.cmpi uge, %ROWS, %M : index
+  %has_base = arith.cmpi sge, %slots, %c1 : index
+  %base_ok = arith.ori %covered, %has_base : i1
+  cf.assert %base_ok, "stageml_gemm_expand_f16: rows past the ids take slot 0, which the table must have"
+  // slot(m): the ids, then slot 0 up to M rows
+  %given = arith.minui %ROWS, %M : index
+  %past = arith.subi %M, %given : index
+  %padded = tensor.pad %ids low[0] high[%past] {
+  ^bb0(%i: index):
+    tensor.yield %zero_i64 : i64
+  } : tensor<?xi64> to tensor<?xi64>
+  %slot = tensor.extract_slice %padded[0] [%M] [1] : tensor<?xi64> to tensor<?xi64>
+  %tmr = tensor.extract_slice %t[0, 0, 0] [%M, 1, %R] [1, 1, 1] : tensor<?x1x?xf32> to tensor<?x?xf32>
+  %v = func.call @stageml_product_f16(%x, %w) : (tensor<?x?xf16>, tensor<?x?x8x64x8xf16>) -> tensor<?x?xf32>
+  %le = tensor.empty(%M, %N) : tensor<?x?xf32>
+  %l0 = linalg.fill ins(%zero : f32) outs(%le : tensor<?x?xf32>) -> tensor<?x?xf32>
+  %l = linalg.generic {indexing_maps = [affine_map<(m, n, r) -> (m, r)>, affine_map<(m, n, r) -> (m)>,
+                                        affine_map<(m, n, r) -> (m, n)>],
+                       iterator_types = ["parallel", "parallel", "reduction"]}
+      ins(%tmr, %slot : tensor<?x?xf32>, tensor<?xi64>) outs(%l0 : tensor<?x?xf32>) {
+  ^bb0(%tv: f32, %id: i64, %acc: f32):
+    %s = arith.index_cast %id : i64 to index
+    %col = linalg.index 1 : index
+    %rank = linalg.index 2 : index
+    %bv = tensor.extract %table[%s, %rank, %col] : tensor<?x?x?xf16>
+    %bf = arith.extf %bv : f16 to f32
+    %sum = math.fma %tv, %bf, %acc : f32
+    linalg.yield %sum : f32
+  } -> tensor<?x?xf32>
+  %ye = tensor.empty(%M, %N) : tensor<?x?xf16>
+  %y = linalg.generic {indexing_maps = [affine_map<(m, n) -> (m, n)>, affine_map<(m, n) -> (m, n)>,
+                                        affine_map<(m, n) -> (m, n)>],
+                       iterator_types = ["parallel", "parallel"]}
+      ins(%v, %l : tensor<?x?xf32>, tensor<?x?xf32>) outs(%ye : tensor<?x?xf16>) {
+  ^bb0(%base: f32, %low_rank: f32, %out: f16):
+    %sum = arith.addf %base, %low_rank : f32
+    %rounded = arith.truncf %sum : f32 to f16
+    linalg.yield %rounded : f16
+  } -> tensor<?x?xf16>
+  return %y : tensor<?x?xf16>
+}
+
+func.func private @stageml_gemm_expand_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<?x?x8x64x8xbf16>,
+    %t: tensor<?x1x?xf32>, %ids: tensor<?xi64>, %table: tensor<?x?x?xbf16>,
+    %m: i32, %k: i32, %n: i32, %r: i32, %rows: i32) -> tensor<?x?xbf16>
+    attributes {stageml.reference_of = "stageml_gemm_expand_bf16"} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %c64 = arith.constant 64 : index
+  %c256 = arith.constant 256 : index
+  %zero = arith.constant 0.0 : f32
+  %true = arith.constant true
+  %zero_i64 = arith.constant 0 : i64
+  %M = arith.index_cast %m : i32 to index
+  %K = arith.index_cast %k : i32 to index
+  %N = arith.index_cast %n : i32 to index
+  %R = arith.index_cast %r : i32 to index
+  %ROWS = arith.index_cast %rows : i32 to index
+  %xm = tensor.dim %x, %c0 : tensor<?x?xbf16>
+  %xk = tensor.dim %x, %c1 : tensor<?x?xbf16>
+  %tn = tensor.dim %w, %c0 : tensor<?x?x8x64x8xbf16>
+  %tk = tensor.dim %w, %c1 : tensor<?x?x8x64x8xbf16>
+  %tm = tensor.dim %t, %c0 : tensor<?x1x?xf32>
+  %tr = tensor.dim %t, %c2 : tensor<?x1x?xf32>
+  %ir = tensor.dim %ids, %c0 : tensor<?xi64>
+  %slots = tensor.dim %table, %c0 : tensor<?x?x?xbf16>
+  %br = tensor.dim %table, %c1 : tensor<?x?x?xbf16>
+  %bn = tensor.dim %table, %c2 : tensor<?x?x?xbf16>
+  %wn = arith.muli %tn, %c64 : index
+  %wk = arith.muli %tk, %c64 : index
+  %s0 = arith.cmpi eq, %xm, %M : index
+  %s1 = arith.cmpi eq, %xk, %K : index
+  %s2 = arith.cmpi eq, %wk, %K : index
+  %s3 = arith.cmpi eq, %wn, %N : index
+  %s4 = arith.cmpi uge, %tm, %M : index
+  %s5 = arith.cmpi eq, %tr, %R : index
+  %s6 = arith.cmpi eq, %ir, %ROWS : index
+  %s7 = arith.cmpi eq, %br, %R : index
+  %s8 = arith.cmpi eq, %bn, %N : index
+  %s01 = arith.andi %s0, %s1 : i1
+  %s23 = arith.andi %s2, %s3 : i1
+  %s45 = arith.andi %s4, %s5 : i1
+  %s67 = arith.andi %s6, %s7 : i1
+  %s03 = arith.andi %s01, %s23 : i1
+  %s47 = arith.andi %s45, %s67 : i1
+  %s07 = arith.andi %s03, %s47 : i1
+  %shapes = arith.andi %s07, %s8 : i1
+  cf.assert %shapes, "stageml_gemm_expand_bf16: x must be [M, K], w [N/64, K/64, 8, 64, 8], t [M', 1, R] with M' >= M, ids [rows] and table [S, R, N] (push constants M, K, N, R, rows)"
+  %kr = arith.remui %K, %c256 : index
+  %nr = arith.remui %N, %c64 : index
+  %rem = arith.ori %kr, %nr : index
+  %aligned = arith.cmpi eq, %rem, %c0 : index
+  %r_ok = arith.cmpi sge, %R, %c1 : index
+  %limits = arith.andi %aligned, %r_ok : i1
+  cf.assert %limits, "stageml_gemm_expand_bf16: K must be a multiple of 256, N of 64, and R >= 1"
+  %slots_i64 = arith.index_cast %slots : index to i64
+  %ie = tensor.empty() : tensor<i1>
+  %i0 = linalg.fill ins(%true : i1) outs(%ie : tensor<i1>) -> tensor<i1>
+  %in_range = linalg.generic {indexing_maps = [affine_map<(i) -> (i)>, affine_map<(i) -> ()>],
+                              iterator_types = ["reduction"]}
+      ins(%ids : tensor<?xi64>) outs(%i0 : tensor<i1>) {
+  ^bb0(%id: i64, %all: i1):
+    %lo = arith.cmpi sge, %id, %zero_i64 : i64
+    %hi = arith.cmpi slt, %id, %slots_i64 : i64
+    %ok = arith.andi %lo, %hi : i1
+    %still = arith.andi %all, %ok : i1
+    linalg.yield %still : i1
+  } -> tensor<i1>
+  %ids_ok = tensor.extract %in_range[] : tensor<i1>
+  cf.assert %ids_ok, "stageml_gemm_expand_bf16: every id must be a slot of the table (0 <= id < S)"
+  %covered = arith.cmpi uge, %ROWS, %M : index
+  %has_base = arith.cmpi sge, %slots, %c1 : index
+  %base_ok = arith.ori %covered, %has_base : i1
+  cf.assert %base_ok, "stageml_gemm_expand_bf16: rows past the ids take slot 0, which the table must have"
+  // slot(m): the ids, then slot 0 up to M rows
+  %given = arith.minui %ROWS, %M : index
+  %past = arith.subi %M, %given : index
+  %padded = tensor.pad %ids low[0] high[%past] {
+  ^bb0(%i: index):
+    tensor.yield %zero_i64 : i64
+  } : tensor<?xi64> to tensor<?xi64>
+  %slot = tensor.extract_slice %padded[0] [%M] [1] : tensor<?xi64> to tensor<?xi64>
+  %tmr = tensor.extract_slice %t[0, 0, 0] [%M, 1, %R] [1, 1, 1] : tensor<?x1x?xf32> to tensor<?x?xf32>
+  %v = func.call @stageml_product_bf16(%x, %w) : (tensor<?x?xbf16>, tensor<?x?x8x64x8xbf16>) -> tensor<?x?xf32>
+  %le = tensor.empty(%M, %N) : tensor<?x?xf32>
+  %l0 = linalg.fill ins(%zero : f32) outs(%le : tensor<?x?xf32>) -> tensor<?x?xf32>
+  %l = linalg.generic {indexing_maps = [affine_map<(m, n, r) -> (m, r)>, affine_map<(m, n, r) -> (m)>,
+                                        affine_map<(m, n, r) -> (m, n)>],
+                       iterator_types = ["parallel", "parallel", "reduction"]}
+      ins(%tmr, %slot : tensor<?x?xf32>, tensor<?xi64>) outs(%l0 : tensor<?x?xf32>) {
+  ^bb0(%tv: f32, %id: i64, %acc: f32):
+    %s = arith.index_cast %id : i64 to index
+    %col = linalg.index 1 : index
+    %rank = linalg.index 2 : index
+    %bv = tensor.extract %table[%s, %rank, %col] : tensor<?x?x?xbf16>
+    %bf = arith.extf %bv : bf16 to f32
+    %sum = math.fma %tv, %bf, %acc : f32
+    linalg.yield %sum : f32
+  } -> tensor<?x?xf32>
+  %ye = tensor.empty(%M, %N) : tensor<?x?xbf16>
+  %y = linalg.generic {indexing_maps = [affine_map<(m, n) -> (m, n)>, affine_map<(m, n) -> (m, n)>,
+                                        affine_map<(m, n) -> (m, n)>],
+                       iterator_types = ["parallel", "parallel"]}
+      ins(%v, %l : tensor<?x?xf32>, tensor<?x?xf32>) outs(%ye : tensor<?x?xbf16>) {
+  ^bb0(%base: f32, %low_rank: f32, %out: bf16):
+    %sum = arith.addf %base, %low_rank : f32
     %rounded = arith.truncf %sum : f32 to bf16
     linalg.yield %rounded : bf16
   } -> tensor<?x?xbf16>

@@ -26,6 +26,20 @@ kernels that read w in tiles (all but BGMV), K and N static multiples of 64:
   → %y = flow.dispatch @stageml_sm90::@stageml_bgmv_T[%B, %N](%x, %ids, %table, B, K, N)
     (any K and N)
 
+  Expand: a multi-tenant site, the base product plus the expand of each
+  row's own adapter, the BGMV of its rounded shrink t (f32, rows [M, 1, R])
+  by the slot table B [S, R, N], rounded and collapsed, where K % 256 = 0,
+    %t16 = linalg.generic {arith.truncf} ins(%t)
+    %l = BGMV(%t16, %ids, %b)
+    %l16 = linalg.generic {arith.truncf} ins(%l)
+    %y = linalg.generic {arith.addf} ins(GEMM(%x, %w), tensor.collapse_shape(%l16))
+  → %y = flow.dispatch @stageml_sm90::@stageml_gemm_expand_T[%M, %N](%x, %s, %t, %ids, %b, M, K, N, R, rows)
+    (rows: the ids' count; the kernel adds t @ b[ids[m]] to each row's product
+    in its epilogue). The kernel reads t in f32 and rounds y once, where the
+    input rounds t, l and y to T: its result is the more accurate one, and
+    differs from the input's by those roundings. The shrink producing t stays
+    (a BGMV of its own).
+
   lowering=reference: each `flow.dispatch @stageml_sm90::@K(operands)` above
   is instead
     %y = tensor.cast(func.call @K_reference(tensor.cast(operands)))
@@ -34,7 +48,7 @@ kernels that read w in tiles (all but BGMV), K and N static multiples of 64:
   module with the functions it calls: the matcher's output then runs on
   IREE's CPU backend.
 
-The GEMM and LoRA kernels read w in tiles ([N/64, K/64, 8, 64, 8],
+The GEMM, LoRA and expand kernels read w in tiles ([N/64, K/64, 8, 64, 8],
 w[tn, tk, s, kk, c] = W[64 tk + kk, 64 tn + 8 s + c]: 64x64 tiles, the
 k-tiles of a column tile contiguous, each tile 8 strips of 8 columns stored
 whole), and that layout work is earlier-stage work: the pack of a global
@@ -52,15 +66,17 @@ expected CSE'd (the products of one LoRA site share their rows' SSA value).
 
 The rewrites are patterns of the MLIR bindings (`RewritePatternSet`), all
 rooted at `linalg.generic` and applied by the greedy driver, which also
-erases the ops a match left dead. Their benefits (LoRA 3, GEMM 2, BGMV 1)
-order them only on one root op, and the three never share one: a LoRA
-site's root is its add, while the products inside it are GEMM roots of
-their own, visited in whatever order the driver takes. So the GEMM pattern
-declines a product that a LoRA site which will be rewritten consumes; that,
-not the benefit, makes LoRA win whatever the order. The tiles (packed once
-per weight) and the adapter functions whose results change are state the
-patterns share (`_Tiles`), and function types are set after the driver
-finishes.
+erases the ops a match left dead. Their benefits (LoRA and expand 3, GEMM 2,
+BGMV 1) order them only on one root op, and no two share one: a site's
+root is its add (a LoRA site's adds two products, a multi-tenant site's a
+product and a collapse), while the products inside it are GEMM and BGMV
+roots of their own, visited in whatever order the driver takes. So the GEMM
+and BGMV patterns decline a product that a site which will be rewritten
+consumes (a multi-tenant site consumes its base product and its expand, not
+its shrink); that, not the benefit, makes the site win whatever the order.
+The tiles (packed once per weight) and the adapter functions whose results
+change are state the patterns share (`_Tiles`), and function types are set
+after the driver finishes.
 """
 
 import dataclasses
@@ -74,7 +90,7 @@ from iree.compiler.dialects import arith, flow, func as func_d, tensor, linalg
 from stageml.compiler import facts
 from stageml.compiler.passes import register
 from stageml.compiler.passes.fuse_gathers import fused_product
-from stageml.compiler.residual_ir import is_zero_fill, retype
+from stageml.compiler.residual_ir import defining_op, is_zero_fill, retype
 from stageml.compiler.sm90 import EXECUTABLE, HOPPER
 from stageml.errors import CompileError
 
@@ -84,7 +100,8 @@ REFERENCE_PART = "stageml.reference_part"  # reference.mlir: a part several refe
 MAX_RANK = 32
 TILE, STRIP = 64, 8  # w's tiles: 64x64 of W, each 8 strips of 8 columns (kernels.cu)
 # (K, N) multiples each kernel that reads tiles needs (kernels.cu's guarantees)
-ALIGN = {"stageml_gemm": (64, 64), "stageml_lora": (64, 64), "stageml_gemm_wgmma": (256, 64)}
+ALIGN = {"stageml_gemm": (64, 64), "stageml_lora": (64, 64), "stageml_gemm_wgmma": (256, 64),
+         "stageml_gemm_expand": (256, 64)}
 LOWERINGS = ("dispatch", "reference")
 _ELEMENT_TYPES = ("f16", "bf16")
 
@@ -107,22 +124,28 @@ class _Match:
 
     kernel: str          # without the _f16 / _bf16 suffix
     operands: list       # tensors, in the kernel's binding order
-    constants: list      # i32 push constants after the row count
+    constants: list      # i32 push constants after the row count: ints, or a tensor for its row count
     weight: int | None = 1  # the operand read in tiles, if any
 
 
 # -- matching -------------------------------------------------------------------
 
-def _elementwise(value, body: list):
-    """The linalg.generic defining `value` when it is elementwise with ops `body`, else None."""
-    op = value.owner
-    if isinstance(op, ir.Block) or op.operation.name != "linalg.generic":
+def _pointwise(op):
+    """`op` as a linalg.generic when it is elementwise (every map its output's permutation), else None."""
+    if op.name != "linalg.generic":
         return None
     generic = op.opview
-    if [o.operation.name for o in generic.regions[0].blocks[0].operations] != body:
-        return None
     maps = [ir.AffineMapAttr(m).value for m in generic.indexing_maps]
     if any(not m.is_permutation or list(m.results) != list(maps[-1].results) for m in maps):
+        return None
+    return generic
+
+
+def _elementwise(value, body: list):
+    """The linalg.generic defining `value` when it is elementwise with ops `body`, else None."""
+    op = defining_op(value)
+    generic = None if op is None else _pointwise(op)
+    if generic is None or [o.operation.name for o in generic.regions[0].blocks[0].operations] != body:
         return None
     return generic
 
@@ -207,12 +230,17 @@ def _lora_of(base, adapted) -> _Match | None:
     return _Match("stageml_lora", [x, w, a, b], [k, n, rank, bits])
 
 
-def _lora(op) -> _Match | None:
-    """A LoRA match of `op` (the add of a site), else None."""
+def _site(op, match_of) -> _Match | None:
+    """`match_of(a, b)` or else `match_of(b, a)` when `op` is the add a + b, else None."""
     add = _elementwise(op.results[0], ["arith.addf", "linalg.yield"]) if len(op.results) == 1 else None
     if add is None or len(add.inputs) != 2:
         return None
-    return _lora_of(*add.inputs) or _lora_of(*reversed(list(add.inputs)))
+    return match_of(*add.inputs) or match_of(*reversed(list(add.inputs)))
+
+
+def _lora(op) -> _Match | None:
+    """A LoRA match of `op` (the add of a site), else None."""
+    return _site(op, _lora_of)
 
 
 def _bgmv(op) -> _Match | None:
@@ -229,16 +257,66 @@ def _bgmv(op) -> _Match | None:
     return _Match("stageml_bgmv", [x, ids, table], [k, n], weight=None)
 
 
-def _site_of(value):
-    """The add of the LoRA site `value` (a product's truncf) flows into alone, else None.
+def _rounded(value, element):
+    """v when `value` = truncf(v) to `element`, `value` used once, else None."""
+    trunc = _elementwise(value, ["arith.truncf", "linalg.yield"])
+    if (trunc is None or len(trunc.inputs) != 1 or not _one_use(value)
+            or ir.RankedTensorType(value.type).element_type != element):
+        return None
+    return trunc.inputs[0]
 
-    A site's products reach its add through single uses: the base directly,
-    x@A through its scaling, x@A@B's matmul, truncf and scaling."""
+
+def _one_token(value, n) -> bool:
+    """Whether `value` is [B, 1, n] (rows of one token)."""
+    return ir.RankedTensorType(value.type).shape[1:] == [1, n]
+
+
+def _expand_of(base, adapted) -> _Match | None:
+    """`base` + `adapted` as a multi-tenant site's base product and its LoRA
+    expand (the per-row product of its rounded shrink t), else None."""
+    base_found = _product(base)
+    if (base_found is None or not _fits("stageml_gemm_expand", *base_found) or not _one_use(base)
+            or not _one_use(adapted)):
+        return None
+    x, w = base_found
+    (k, n), element = ir.RankedTensorType(w.type).shape, ir.RankedTensorType(x.type).element_type
+    collapse = defining_op(adapted)
+    if collapse is None or collapse.name != "tensor.collapse_shape" or not _one_token(collapse.operands[0], n):
+        return None
+    low_rank = _rounded(collapse.operands[0], element)
+    product = None if low_rank is None or not _one_use(low_rank) else defining_op(low_rank)
+    expand = None if product is None else _bgmv(product)
+    if expand is None:
+        return None
+    t16, ids, table = expand.operands
+    (_, rank, n_table), t = ir.RankedTensorType(table.type).shape, _rounded(t16, element)
+    if (t is None or not isinstance(ir.RankedTensorType(t.type).element_type, ir.F32Type)
+            or not _one_token(t, rank) or rank < 1 or n_table != n):
+        return None
+    return _Match("stageml_gemm_expand", [x, w, t, ids, table], [k, n, rank, ids])
+
+
+def _expand(op) -> _Match | None:
+    """A multi-tenant site's match of `op` (its add), else None."""
+    return _site(op, _expand_of)
+
+
+def _site_of(value):
+    """The add of the site (LoRA, or a base product with its expand) that
+    `value` (a product's result) flows into alone, else None.
+
+    A site's products reach its add through single uses: the base directly;
+    a LoRA site's x@A through its scaling, x@A@B's matmul, truncf and
+    scaling; a multi-tenant site's expand through its truncf and the
+    collapse of the unit dimension. A multi-tenant site's shrink, which its
+    rewrite keeps, is no part of it: the walk from it stops at the expand,
+    a per-row product, not an elementwise op."""
     for _ in range(6):
         if not _one_use(value):
             return None
         user = list(value.uses)[0].owner.operation
-        if user.name not in ("linalg.generic", "linalg.matmul") or len(user.results) != 1:
+        if (user.name not in ("linalg.matmul", "tensor.collapse_shape") and _pointwise(user) is None) \
+                or len(user.results) != 1:
             return None
         if _elementwise(user.results[0], ["arith.addf", "linalg.yield"]) is not None:
             return user
@@ -312,6 +390,20 @@ def _dynamic_dims(value) -> list:
             for i in range(type_.rank) if type_.is_dynamic_dim(i)]
 
 
+def _rows(value, dims: list) -> ir.Value:
+    """`value`'s row count (dim 0, index), `dims` its dynamic dims."""
+    type_ = ir.RankedTensorType(value.type)
+    return dims[0] if type_.is_dynamic_dim(0) else arith.ConstantOp(ir.IndexType.get(), type_.shape[0]).result
+
+
+def _push(constant) -> ir.Value:
+    """A push constant (i32): an int, or a tensor's row count."""
+    i32 = ir.IntegerType.get_signless(32)
+    if isinstance(constant, int):
+        return arith.ConstantOp(i32, constant).result
+    return arith.IndexCastOp(i32, _rows(constant, _dynamic_dims(constant))).result
+
+
 def _kernel_call(match: _Match, root, lowering: str, references: dict) -> ir.Value:
     """The kernel's result for `root` (a linalg.generic), at the current insertion
     point: workload (rows, N), push constants (rows, *match.constants) as i32."""
@@ -319,8 +411,8 @@ def _kernel_call(match: _Match, root, lowering: str, references: dict) -> ir.Val
     result_type, index, i32 = (ir.RankedTensorType(root.results[0].type), ir.IndexType.get(),
                                ir.IntegerType.get_signless(32))
     result_dims = _dynamic_dims(out)
-    rows = result_dims[0] if result_type.is_dynamic_dim(0) else arith.ConstantOp(index, result_type.shape[0]).result
-    pushed = [arith.IndexCastOp(i32, rows).result] + [arith.ConstantOp(i32, c).result for c in match.constants]
+    rows = _rows(out, result_dims)
+    pushed = [arith.IndexCastOp(i32, rows).result] + [_push(c) for c in match.constants]
     kernel = f"{match.kernel}_{ir.RankedTensorType(match.operands[0].type).element_type}"
     if lowering == "reference":
         callee = references[kernel]
@@ -342,7 +434,7 @@ def _function(op):
 
 
 class _Rewriter:
-    """The three patterns and the state they share."""
+    """The four patterns and the state they share."""
 
     def __init__(self, module_op, lowering: str):
         self.module_op, self.lowering = module_op, lowering
@@ -354,20 +446,29 @@ class _Rewriter:
     def patterns(self) -> rewrite.FrozenRewritePatternSet:
         patterns = rewrite.RewritePatternSet()
         patterns.add("linalg.generic", lambda op, rw: self._apply(op, rw, _lora), 3)
+        patterns.add("linalg.generic", lambda op, rw: self._apply(op, rw, _expand), 3)
         patterns.add("linalg.generic", lambda op, rw: self._apply(op, rw, self._gemm), 2)
-        patterns.add("linalg.generic", lambda op, rw: self._apply(op, rw, _bgmv), 1)
+        patterns.add("linalg.generic", lambda op, rw: self._apply(op, rw, self._bgmv), 1)
         return patterns.freeze()
 
     def _gemm(self, op):
-        """A GEMM match, unless the product belongs to a LoRA site that will be rewritten."""
+        """A GEMM match, unless the product belongs to a site that will be rewritten."""
         found = _gemm(op)
-        if found is None:
-            return None
+        return None if found is None or self._in_site(op) else found
+
+    def _bgmv(self, op):
+        """A BGMV match, unless the product is the expand of a site that will be rewritten."""
+        found = _bgmv(op)
+        return None if found is None or self._in_site(op) else found
+
+    def _in_site(self, op) -> bool:
+        """Whether `op`'s product belongs to a site (LoRA, or a base product with its expand) that will be rewritten."""
         site = _site_of(op.results[0])
-        lora = _lora(site) if site is not None else None
-        if lora is not None and self.tiles.available(lora.operands[lora.weight], _function(site)):
-            return None
-        return found
+        if site is None:
+            return False
+        func = _function(site)
+        return any(found is not None and self.tiles.available(found.operands[found.weight], func)
+                   for found in (_lora(site), _expand(site)))
 
     def _apply(self, op, rewriter, match) -> bool:
         """Rewrites `op` when `match` finds a kernel; False on success (the bindings' convention)."""
@@ -477,7 +578,8 @@ def _has_executable(module_op) -> bool:
                for op in module_op.regions[0].blocks[0].operations)
 
 
-@register("use-custom-kernels", "hot f16/bf16 products (GEMM, LoRA site, BGMV) → StageML's Hopper kernels "
-          "(lowering=reference: calls of their CPU references)", options=UseCustomKernelsOptions, context="iree")
+@register("use-custom-kernels", "hot f16/bf16 products (GEMM, LoRA site, base product with its expand, BGMV) "
+          "→ StageML's Hopper kernels (lowering=reference: calls of their CPU references)",
+          options=UseCustomKernelsOptions, context="iree")
 def run(module_op, options: UseCustomKernelsOptions, stats) -> None:
     stats.update(use_custom_kernels(module_op, options.lowering))

@@ -9,7 +9,9 @@
 // arguments which adapter result they are (bt.result).
 
 #map = affine_map<(d0, d1) -> (d0, d1)>
+#rows = affine_map<(d0, d1, d2) -> (d0, d1, d2)>
 
+// CHECK: #[[EXPAND:.+]] = #hal.pipeline.layout<constants = 5, bindings = [#hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer>]>
 // CHECK: hal.executable.source private @stageml_sm90 <objects = <{#{{.+}} = [#hal.executable.object<{path = "stageml_sm90.ptx"}>]}>>
 // CHECK: hal.executable.export public @stageml_gemm_f16 ordinal(0)
 // CHECK: hal.executable.export public @stageml_lora_bf16 ordinal(3)
@@ -19,12 +21,16 @@
 // CHECK: %[[X:.+]] = arith.ceildivui %{{.+}}, %[[COLS]] : index
 // CHECK: hal.return %[[X]], %c2, %{{.+}} : index, index, index
 // CHECK-NEXT: } <workgroup_size = [256 : index, 1 : index, 1 : index], workgroup_local_memory = 197632>
+// CHECK: hal.executable.export public @stageml_gemm_expand_f16 ordinal(8) layout(#[[EXPAND]])
+// CHECK: hal.return %{{.+}}, %c2, %{{.+}} : index, index, index
+// CHECK-NEXT: } <workgroup_size = [256 : index, 1 : index, 1 : index], workgroup_local_memory = 197632>
 
 // REF-NOT: hal.executable.source
 // REF-NOT: flow.dispatch
 
 module {
   util.global private @w = #flow.parameter.named<"model"::"w"> : tensor<256x512xf16>
+  util.global private @w320 = #flow.parameter.named<"model"::"w320"> : tensor<320x512xf16>
 
   // A request-time product against a global weight, f32 accumulation rounded
   // once to f16: the weight's pack into tiles (64x64 tiles of 8-column strips,
@@ -419,6 +425,254 @@ module {
     return %y : tensor<?x1x16xf32>
   }
 
+  // A multi-tenant site (fuse-gathers' form): the base product against a
+  // global weight plus the expand of each row's own adapter, the per-row
+  // product of the rounded shrink t by the B table, rounded and collapsed to
+  // [M, N]. K = 256 and N = 512 (multiples of 256 and 64): the base product
+  // and the expand become one stageml_gemm_expand, which reads t in f32 and
+  // rounds once (the truncf of t, the expand's product, its truncf, the
+  // collapse and the add go); rows is the ids' count. The shrink stays a BGMV.
+  // CHECK-LABEL: func.func @forward_tenants
+  // CHECK:         %[[S:.+]] = linalg.transpose
+  // CHECK:         %[[T:.+]] = flow.dispatch @stageml_sm90::@stageml_bgmv_f16[%{{.+}}, %{{.+}}](%{{.+}}, %arg1, %arg2, %{{.+}}, %c256_i32{{[_0-9]*}}, %c8_i32{{[_0-9]*}}) : {{.+}} -> tensor<?x1x8xf32>
+  // CHECK:         %[[IDS:.+]] = tensor.dim %arg1, %{{.+}} : tensor<?xi64>
+  // CHECK:         %[[ROWS:.+]] = arith.index_cast %[[IDS]] : index to i32
+  // CHECK:         %[[Y:.+]] = flow.dispatch @stageml_sm90::@stageml_gemm_expand_f16[%{{.+}}, %{{.+}}](%arg0, %[[S]], %[[T]], %arg1, %arg3, %{{.+}}, %c256_i32{{[_0-9]*}}, %c512_i32{{[_0-9]*}}, %c8_i32{{[_0-9]*}}, %[[ROWS]]) : (tensor<?x256xf16>{%{{.+}}}, tensor<8x4x8x64x8xf16>, tensor<?x1x8xf32>{%{{.+}}}, tensor<?xi64>{%{{.+}}}, tensor<5x8x512xf16>, i32, i32, i32, i32, i32) -> tensor<?x512xf16>
+  // CHECK-NOT:     linalg.generic
+  // CHECK-NOT:     tensor.collapse_shape
+  // CHECK:         return %[[Y]]
+  // REF-LABEL: func.func @forward_tenants
+  // REF:         %[[T:.+]] = call @stageml_bgmv_f16_reference(
+  // REF:         %[[TC:.+]] = tensor.cast %[[T]] : tensor<?x1x?xf32> to tensor<?x1x8xf32>
+  // REF:         %[[IDS:.+]] = tensor.dim %arg1, %{{.+}} : tensor<?xi64>
+  // REF:         %[[ROWS:.+]] = arith.index_cast %[[IDS]] : index to i32
+  // REF-DAG:     %[[TT:.+]] = tensor.cast %[[TC]] : tensor<?x1x8xf32> to tensor<?x1x?xf32>
+  // REF-DAG:     %[[B:.+]] = tensor.cast %arg3 : tensor<5x8x512xf16> to tensor<?x?x?xf16>
+  // REF:         call @stageml_gemm_expand_f16_reference(%{{.+}}, %{{.+}}, %[[TT]], %arg1, %[[B]], %{{.+}}, %c256_i32{{[_0-9]*}}, %c512_i32{{[_0-9]*}}, %c8_i32{{[_0-9]*}}, %[[ROWS]]) : (tensor<?x?xf16>, tensor<?x?x8x64x8xf16>, tensor<?x1x?xf32>, tensor<?xi64>, tensor<?x?x?xf16>, i32, i32, i32, i32, i32) -> tensor<?x?xf16>
+  // REF-NOT:     linalg.generic
+  // REF:         return
+  func.func @forward_tenants(%x: tensor<?x256xf16>, %ids: tensor<?xi64>, %a: tensor<5x256x8xf16> {bt.kind = "resident"}, %b: tensor<5x8x512xf16> {bt.kind = "resident"}) -> tensor<?x512xf16> attributes {bt.stage = "dynamic", bt.program = "factorized"} {
+    %c0 = arith.constant 0 : index
+    %zero = arith.constant 0.0 : f32
+    %w = util.global.load @w : tensor<256x512xf16>
+    %m = tensor.dim %x, %c0 : tensor<?x256xf16>
+    %e = tensor.empty(%m) : tensor<?x512xf32>
+    %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<?x512xf32>) -> tensor<?x512xf32>
+    %p = linalg.matmul ins(%x, %w : tensor<?x256xf16>, tensor<256x512xf16>) outs(%acc : tensor<?x512xf32>) -> tensor<?x512xf32>
+    %e16 = tensor.empty(%m) : tensor<?x512xf16>
+    %base = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%p : tensor<?x512xf32>) outs(%e16 : tensor<?x512xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %r = arith.truncf %in : f32 to f16
+      linalg.yield %r : f16
+    } -> tensor<?x512xf16>
+    %x3 = tensor.expand_shape %x [[0], [1, 2]] output_shape [%m, 1, 256] : tensor<?x256xf16> into tensor<?x1x256xf16>
+    %te = tensor.empty(%m) : tensor<?x1x8xf32>
+    %tacc = linalg.fill ins(%zero : f32) outs(%te : tensor<?x1x8xf32>) -> tensor<?x1x8xf32>
+    %t = linalg.generic {indexing_maps = [affine_map<(b, m, n, k) -> (b, m, k)>, affine_map<(b, m, n, k) -> (b)>, affine_map<(b, m, n, k) -> (b, m, n)>], iterator_types = ["parallel", "parallel", "parallel", "reduction"]} ins(%x3, %ids : tensor<?x1x256xf16>, tensor<?xi64>) outs(%tacc : tensor<?x1x8xf32>) {
+    ^bb0(%in: f16, %id: i64, %out: f32):
+      %slot = arith.index_cast %id : i64 to index
+      %n = linalg.index 2 : index
+      %k = linalg.index 3 : index
+      %v = tensor.extract %a[%slot, %k, %n] : tensor<5x256x8xf16>
+      %vf = arith.extf %v : f16 to f32
+      %xf = arith.extf %in : f16 to f32
+      %pr = arith.mulf %xf, %vf : f32
+      %s = arith.addf %out, %pr : f32
+      linalg.yield %s : f32
+    } -> tensor<?x1x8xf32>
+    %te16 = tensor.empty(%m) : tensor<?x1x8xf16>
+    %t16 = linalg.generic {indexing_maps = [#rows, #rows], iterator_types = ["parallel", "parallel", "parallel"]} ins(%t : tensor<?x1x8xf32>) outs(%te16 : tensor<?x1x8xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %r = arith.truncf %in : f32 to f16
+      linalg.yield %r : f16
+    } -> tensor<?x1x8xf16>
+    %le = tensor.empty(%m) : tensor<?x1x512xf32>
+    %lacc = linalg.fill ins(%zero : f32) outs(%le : tensor<?x1x512xf32>) -> tensor<?x1x512xf32>
+    %l = linalg.generic {indexing_maps = [affine_map<(b, m, n, k) -> (b, m, k)>, affine_map<(b, m, n, k) -> (b)>, affine_map<(b, m, n, k) -> (b, m, n)>], iterator_types = ["parallel", "parallel", "parallel", "reduction"]} ins(%t16, %ids : tensor<?x1x8xf16>, tensor<?xi64>) outs(%lacc : tensor<?x1x512xf32>) {
+    ^bb0(%in: f16, %id: i64, %out: f32):
+      %slot = arith.index_cast %id : i64 to index
+      %n = linalg.index 2 : index
+      %k = linalg.index 3 : index
+      %v = tensor.extract %b[%slot, %k, %n] : tensor<5x8x512xf16>
+      %vf = arith.extf %v : f16 to f32
+      %xf = arith.extf %in : f16 to f32
+      %pr = arith.mulf %xf, %vf : f32
+      %s = arith.addf %out, %pr : f32
+      linalg.yield %s : f32
+    } -> tensor<?x1x512xf32>
+    %le16 = tensor.empty(%m) : tensor<?x1x512xf16>
+    %l16 = linalg.generic {indexing_maps = [#rows, #rows], iterator_types = ["parallel", "parallel", "parallel"]} ins(%l : tensor<?x1x512xf32>) outs(%le16 : tensor<?x1x512xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %r = arith.truncf %in : f32 to f16
+      linalg.yield %r : f16
+    } -> tensor<?x1x512xf16>
+    %l2 = tensor.collapse_shape %l16 [[0, 1], [2]] : tensor<?x1x512xf16> into tensor<?x512xf16>
+    %y = linalg.generic {indexing_maps = [#map, #map, #map], iterator_types = ["parallel", "parallel"]} ins(%base, %l2 : tensor<?x512xf16>, tensor<?x512xf16>) outs(%e16 : tensor<?x512xf16>) {
+    ^bb0(%in: f16, %in_1: f16, %out: f16):
+      %r = arith.addf %in, %in_1 : f16
+      linalg.yield %r : f16
+    } -> tensor<?x512xf16>
+    return %y : tensor<?x512xf16>
+  }
+
+  // K = 320, a multiple of 64 but not of 256 (the fused kernel's): the base
+  // product is a general GEMM, the shrink and the expand BGMVs, and the
+  // roundings, the collapse and the add stay.
+  // CHECK-LABEL: func.func @forward_tenants_general
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_f16[{{.+}}](%arg0, %{{.+}}, %{{.+}}, %c320_i32{{[_0-9]*}}, %c512_i32{{[_0-9]*}})
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_bgmv_f16[{{.+}}](%{{.+}}, %arg1, %arg2, %{{.+}}, %c320_i32{{[_0-9]*}}, %c8_i32{{[_0-9]*}})
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_bgmv_f16[{{.+}}](%{{.+}}, %arg1, %arg3, %{{.+}}, %c8_i32{{[_0-9]*}}, %c512_i32{{[_0-9]*}})
+  // CHECK:         tensor.collapse_shape
+  // CHECK:         arith.addf
+  // CHECK-NOT:     stageml_gemm_expand
+  // CHECK:         return
+  // REF-LABEL: func.func @forward_tenants_general
+  // REF:         call @stageml_gemm_f16_reference(
+  // REF-COUNT-2: call @stageml_bgmv_f16_reference(
+  // REF-NOT:     stageml_gemm_expand
+  // REF:         return
+  func.func @forward_tenants_general(%x: tensor<?x320xf16>, %ids: tensor<?xi64>, %a: tensor<5x320x8xf16> {bt.kind = "resident"}, %b: tensor<5x8x512xf16> {bt.kind = "resident"}) -> tensor<?x512xf16> attributes {bt.stage = "dynamic", bt.program = "factorized"} {
+    %c0 = arith.constant 0 : index
+    %zero = arith.constant 0.0 : f32
+    %w = util.global.load @w320 : tensor<320x512xf16>
+    %m = tensor.dim %x, %c0 : tensor<?x320xf16>
+    %e = tensor.empty(%m) : tensor<?x512xf32>
+    %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<?x512xf32>) -> tensor<?x512xf32>
+    %p = linalg.matmul ins(%x, %w : tensor<?x320xf16>, tensor<320x512xf16>) outs(%acc : tensor<?x512xf32>) -> tensor<?x512xf32>
+    %e16 = tensor.empty(%m) : tensor<?x512xf16>
+    %base = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%p : tensor<?x512xf32>) outs(%e16 : tensor<?x512xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %r = arith.truncf %in : f32 to f16
+      linalg.yield %r : f16
+    } -> tensor<?x512xf16>
+    %x3 = tensor.expand_shape %x [[0], [1, 2]] output_shape [%m, 1, 320] : tensor<?x320xf16> into tensor<?x1x320xf16>
+    %te = tensor.empty(%m) : tensor<?x1x8xf32>
+    %tacc = linalg.fill ins(%zero : f32) outs(%te : tensor<?x1x8xf32>) -> tensor<?x1x8xf32>
+    %t = linalg.generic {indexing_maps = [affine_map<(b, m, n, k) -> (b, m, k)>, affine_map<(b, m, n, k) -> (b)>, affine_map<(b, m, n, k) -> (b, m, n)>], iterator_types = ["parallel", "parallel", "parallel", "reduction"]} ins(%x3, %ids : tensor<?x1x320xf16>, tensor<?xi64>) outs(%tacc : tensor<?x1x8xf32>) {
+    ^bb0(%in: f16, %id: i64, %out: f32):
+      %slot = arith.index_cast %id : i64 to index
+      %n = linalg.index 2 : index
+      %k = linalg.index 3 : index
+      %v = tensor.extract %a[%slot, %k, %n] : tensor<5x320x8xf16>
+      %vf = arith.extf %v : f16 to f32
+      %xf = arith.extf %in : f16 to f32
+      %pr = arith.mulf %xf, %vf : f32
+      %s = arith.addf %out, %pr : f32
+      linalg.yield %s : f32
+    } -> tensor<?x1x8xf32>
+    %te16 = tensor.empty(%m) : tensor<?x1x8xf16>
+    %t16 = linalg.generic {indexing_maps = [#rows, #rows], iterator_types = ["parallel", "parallel", "parallel"]} ins(%t : tensor<?x1x8xf32>) outs(%te16 : tensor<?x1x8xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %r = arith.truncf %in : f32 to f16
+      linalg.yield %r : f16
+    } -> tensor<?x1x8xf16>
+    %le = tensor.empty(%m) : tensor<?x1x512xf32>
+    %lacc = linalg.fill ins(%zero : f32) outs(%le : tensor<?x1x512xf32>) -> tensor<?x1x512xf32>
+    %l = linalg.generic {indexing_maps = [affine_map<(b, m, n, k) -> (b, m, k)>, affine_map<(b, m, n, k) -> (b)>, affine_map<(b, m, n, k) -> (b, m, n)>], iterator_types = ["parallel", "parallel", "parallel", "reduction"]} ins(%t16, %ids : tensor<?x1x8xf16>, tensor<?xi64>) outs(%lacc : tensor<?x1x512xf32>) {
+    ^bb0(%in: f16, %id: i64, %out: f32):
+      %slot = arith.index_cast %id : i64 to index
+      %n = linalg.index 2 : index
+      %k = linalg.index 3 : index
+      %v = tensor.extract %b[%slot, %k, %n] : tensor<5x8x512xf16>
+      %vf = arith.extf %v : f16 to f32
+      %xf = arith.extf %in : f16 to f32
+      %pr = arith.mulf %xf, %vf : f32
+      %s = arith.addf %out, %pr : f32
+      linalg.yield %s : f32
+    } -> tensor<?x1x512xf32>
+    %le16 = tensor.empty(%m) : tensor<?x1x512xf16>
+    %l16 = linalg.generic {indexing_maps = [#rows, #rows], iterator_types = ["parallel", "parallel", "parallel"]} ins(%l : tensor<?x1x512xf32>) outs(%le16 : tensor<?x1x512xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %r = arith.truncf %in : f32 to f16
+      linalg.yield %r : f16
+    } -> tensor<?x1x512xf16>
+    %l2 = tensor.collapse_shape %l16 [[0, 1], [2]] : tensor<?x1x512xf16> into tensor<?x512xf16>
+    %y = linalg.generic {indexing_maps = [#map, #map, #map], iterator_types = ["parallel", "parallel"]} ins(%base, %l2 : tensor<?x512xf16>, tensor<?x512xf16>) outs(%e16 : tensor<?x512xf16>) {
+    ^bb0(%in: f16, %in_1: f16, %out: f16):
+      %r = arith.addf %in, %in_1 : f16
+      linalg.yield %r : f16
+    } -> tensor<?x512xf16>
+    return %y : tensor<?x512xf16>
+  }
+
+
+  // The rounded shrink is also a result: its truncf must stay, so the site is
+  // not fused; the base product is a wgmma GEMM, shrink and expand BGMVs.
+  // CHECK-LABEL: func.func @forward_tenants_shared
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_wgmma_f16[
+  // CHECK-COUNT-2: flow.dispatch @stageml_sm90::@stageml_bgmv_f16[
+  // CHECK-NOT:     stageml_gemm_expand
+  // CHECK:         return
+  // REF-LABEL: func.func @forward_tenants_shared
+  // REF:         call @stageml_gemm_wgmma_f16_reference(
+  // REF-COUNT-2: call @stageml_bgmv_f16_reference(
+  // REF-NOT:     stageml_gemm_expand
+  // REF:         return
+  func.func @forward_tenants_shared(%x: tensor<?x256xf16>, %ids: tensor<?xi64>, %a: tensor<5x256x8xf16> {bt.kind = "resident"}, %b: tensor<5x8x512xf16> {bt.kind = "resident"}) -> (tensor<?x512xf16>, tensor<?x1x8xf16>) attributes {bt.stage = "dynamic", bt.program = "factorized"} {
+    %c0 = arith.constant 0 : index
+    %zero = arith.constant 0.0 : f32
+    %w = util.global.load @w : tensor<256x512xf16>
+    %m = tensor.dim %x, %c0 : tensor<?x256xf16>
+    %e = tensor.empty(%m) : tensor<?x512xf32>
+    %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<?x512xf32>) -> tensor<?x512xf32>
+    %p = linalg.matmul ins(%x, %w : tensor<?x256xf16>, tensor<256x512xf16>) outs(%acc : tensor<?x512xf32>) -> tensor<?x512xf32>
+    %e16 = tensor.empty(%m) : tensor<?x512xf16>
+    %base = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%p : tensor<?x512xf32>) outs(%e16 : tensor<?x512xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %r = arith.truncf %in : f32 to f16
+      linalg.yield %r : f16
+    } -> tensor<?x512xf16>
+    %x3 = tensor.expand_shape %x [[0], [1, 2]] output_shape [%m, 1, 256] : tensor<?x256xf16> into tensor<?x1x256xf16>
+    %te = tensor.empty(%m) : tensor<?x1x8xf32>
+    %tacc = linalg.fill ins(%zero : f32) outs(%te : tensor<?x1x8xf32>) -> tensor<?x1x8xf32>
+    %t = linalg.generic {indexing_maps = [affine_map<(b, m, n, k) -> (b, m, k)>, affine_map<(b, m, n, k) -> (b)>, affine_map<(b, m, n, k) -> (b, m, n)>], iterator_types = ["parallel", "parallel", "parallel", "reduction"]} ins(%x3, %ids : tensor<?x1x256xf16>, tensor<?xi64>) outs(%tacc : tensor<?x1x8xf32>) {
+    ^bb0(%in: f16, %id: i64, %out: f32):
+      %slot = arith.index_cast %id : i64 to index
+      %n = linalg.index 2 : index
+      %k = linalg.index 3 : index
+      %v = tensor.extract %a[%slot, %k, %n] : tensor<5x256x8xf16>
+      %vf = arith.extf %v : f16 to f32
+      %xf = arith.extf %in : f16 to f32
+      %pr = arith.mulf %xf, %vf : f32
+      %s = arith.addf %out, %pr : f32
+      linalg.yield %s : f32
+    } -> tensor<?x1x8xf32>
+    %te16 = tensor.empty(%m) : tensor<?x1x8xf16>
+    %t16 = linalg.generic {indexing_maps = [#rows, #rows], iterator_types = ["parallel", "parallel", "parallel"]} ins(%t : tensor<?x1x8xf32>) outs(%te16 : tensor<?x1x8xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %r = arith.truncf %in : f32 to f16
+      linalg.yield %r : f16
+    } -> tensor<?x1x8xf16>
+    %le = tensor.empty(%m) : tensor<?x1x512xf32>
+    %lacc = linalg.fill ins(%zero : f32) outs(%le : tensor<?x1x512xf32>) -> tensor<?x1x512xf32>
+    %l = linalg.generic {indexing_maps = [affine_map<(b, m, n, k) -> (b, m, k)>, affine_map<(b, m, n, k) -> (b)>, affine_map<(b, m, n, k) -> (b, m, n)>], iterator_types = ["parallel", "parallel", "parallel", "reduction"]} ins(%t16, %ids : tensor<?x1x8xf16>, tensor<?xi64>) outs(%lacc : tensor<?x1x512xf32>) {
+    ^bb0(%in: f16, %id: i64, %out: f32):
+      %slot = arith.index_cast %id : i64 to index
+      %n = linalg.index 2 : index
+      %k = linalg.index 3 : index
+      %v = tensor.extract %b[%slot, %k, %n] : tensor<5x8x512xf16>
+      %vf = arith.extf %v : f16 to f32
+      %xf = arith.extf %in : f16 to f32
+      %pr = arith.mulf %xf, %vf : f32
+      %s = arith.addf %out, %pr : f32
+      linalg.yield %s : f32
+    } -> tensor<?x1x512xf32>
+    %le16 = tensor.empty(%m) : tensor<?x1x512xf16>
+    %l16 = linalg.generic {indexing_maps = [#rows, #rows], iterator_types = ["parallel", "parallel", "parallel"]} ins(%l : tensor<?x1x512xf32>) outs(%le16 : tensor<?x1x512xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %r = arith.truncf %in : f32 to f16
+      linalg.yield %r : f16
+    } -> tensor<?x1x512xf16>
+    %l2 = tensor.collapse_shape %l16 [[0, 1], [2]] : tensor<?x1x512xf16> into tensor<?x512xf16>
+    %y = linalg.generic {indexing_maps = [#map, #map, #map], iterator_types = ["parallel", "parallel"]} ins(%base, %l2 : tensor<?x512xf16>, tensor<?x512xf16>) outs(%e16 : tensor<?x512xf16>) {
+    ^bb0(%in: f16, %in_1: f16, %out: f16):
+      %r = arith.addf %in, %in_1 : f16
+      linalg.yield %r : f16
+    } -> tensor<?x512xf16>
+    return %y, %t16 : tensor<?x512xf16>, tensor<?x1x8xf16>
+  }
+
+
   // No match: f32 products (the kernels are f16 / bf16), N = 96 and K = 32,
   // multiples of 32 and 8 but not of 64 (what the kernels need).
   // CHECK-LABEL: func.func @unmatched
@@ -456,9 +710,9 @@ module {
 
   // The references used are cloned in, private (IREE inlines them), each
   // marked with the kernel it stands for, with the functions they call: the
-  // wgmma GEMM's checks its multiples, then calls the GEMM's; the GEMM's and
-  // the LoRA's call the f32 product of x and the tiles, a part they share
-  // (stageml.reference_part). Those not used are not cloned.
+  // wgmma GEMM's checks its multiples, then calls the GEMM's; the GEMM's, the
+  // LoRA's and the expand's call the f32 product of x and the tiles, a part
+  // they share (stageml.reference_part). Those not used are not cloned.
   // REF-DAG: func.func private @stageml_product_f16(%{{.+}}: tensor<?x?xf16>, %{{.+}}: tensor<?x?x8x64x8xf16>) -> tensor<?x?xf32> attributes {stageml.reference_part}
   // REF-DAG: func.func private @stageml_product_bf16(
   // REF-DAG: func.func private @stageml_gemm_f16_reference(%{{.+}}: tensor<?x?xf16>, %{{.+}}: tensor<?x?x8x64x8xf16>, %{{.+}}: i32, %{{.+}}: i32, %{{.+}}: i32) -> tensor<?x?xf16> attributes {stageml.reference_of = "stageml_gemm_f16"}
@@ -472,6 +726,9 @@ module {
   // REF-DAG: call @stageml_gemm_bf16_reference(%arg0, %arg1, %arg2, %arg3, %arg4)
   // REF-DAG: func.func private @stageml_lora_f16_reference(
   // REF-DAG: func.func private @stageml_lora_bf16_reference(
+  // REF-DAG: func.func private @stageml_gemm_expand_f16_reference(%{{.+}}: tensor<?x?xf16>, %{{.+}}: tensor<?x?x8x64x8xf16>, %{{.+}}: tensor<?x1x?xf32>, %{{.+}}: tensor<?xi64>, %{{.+}}: tensor<?x?x?xf16>, %{{.+}}: i32, %{{.+}}: i32, %{{.+}}: i32, %{{.+}}: i32, %{{.+}}: i32) -> tensor<?x?xf16> attributes {stageml.reference_of = "stageml_gemm_expand_f16"}
+  // REF-DAG: cf.assert %{{.+}}, "stageml_gemm_expand_f16: K must be a multiple of 256, N of 64, and R >= 1"
   // REF-DAG: func.func private @stageml_bgmv_f16_reference(
   // REF-NOT: stageml_bgmv_bf16_reference
+  // REF-NOT: stageml_gemm_expand_bf16_reference
 }
