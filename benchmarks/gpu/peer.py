@@ -26,15 +26,13 @@ weights outgrow the L2, so every call reads them from HBM.
 """
 
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from h200 import (BOUNDS, DTYPES, HBM_BYTES_PER_S, STACK, bench_iree, bench_torch, check, finish,  # noqa: E402
+from h200 import (BOUNDS, DTYPES, HBM_BYTES_PER_S, STACK, bench_host, bench_iree, bench_torch, check, finish,  # noqa: E402
                   input_flags, rel_err, to_numpy, write_archive)
 
 import stageml  # noqa: E402
@@ -118,18 +116,6 @@ def vllm_graph(ops, weights: Weights, x: torch.Tensor, tenants: list, lora: bool
     return graph.replay, out
 
 
-def host_us(call, calls: int = 100, warmup: int = 10) -> float:
-    """Median wall-clock µs of `call` (a residual call: it returns once the device is done)."""
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
-
-
 def floor_us(rows: int, tenants: int, itemsize: int) -> float:
     d, r = STACK["d"], STACK["r"]
     return (d * d + tenants * 2 * d * r + 2 * rows * d) * itemsize / HBM_BYTES_PER_S * 1e6
@@ -168,8 +154,8 @@ def run(art_dir: str, scratch: str) -> list:
                    "vllm": bench_torch(replay) / STACK["layers"],
                    "base": bench_torch(base_replay) / STACK["layers"],
                    "floor": floor_us(rows, tenants, torch.finfo(dtype).bits // 8),
-                   "call torch": host_us(lambda: mod.run_batch(x, names)),
-                   "call numpy": host_us(lambda: mod.run_batch(to_numpy(x), names))}
+                   "call torch": bench_host(lambda: mod.run_batch(x, names)),
+                   "call numpy": bench_host(lambda: mod.run_batch(to_numpy(x), names))}
             rows_out.append(row)
             print(row, flush=True)
         del mod, weights
