@@ -118,18 +118,20 @@ module attributes {hal.device.targets = [#hal.device.target<"cuda", [#sm90]> : !
         count(%device: !hal.device, %b: index, %n: index) -> (index, index, index) {
       %c1 = arith.constant 1 : index
       %cols = arith.constant 32 : index
+      %split = arith.constant 8 : index
       %x = arith.ceildivui %n, %cols : index
       %y = arith.maxui %b, %c1 : index
-      hal.return %x, %y, %c1 : index, index, index
+      hal.return %x, %y, %split : index, index, index
     } <workgroup_size = [256 : index, 1 : index, 1 : index]>
 
     hal.executable.export public @stageml_bgmv_bf16 ordinal(5) layout(#bgmv)
         count(%device: !hal.device, %b: index, %n: index) -> (index, index, index) {
       %c1 = arith.constant 1 : index
       %cols = arith.constant 32 : index
+      %split = arith.constant 8 : index
       %x = arith.ceildivui %n, %cols : index
       %y = arith.maxui %b, %c1 : index
-      hal.return %x, %y, %c1 : index, index, index
+      hal.return %x, %y, %split : index, index, index
     } <workgroup_size = [256 : index, 1 : index, 1 : index]>
 
     hal.executable.export public @stageml_gemm_wgmma_f16 ordinal(6) layout(#gemm)

@@ -144,6 +144,34 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// The address `p` has in this block's shared memory, in block `rank`'s.
+__device__ __forceinline__ uint32_t cluster_addr(const void* p, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
+  return remote;
+}
+// 16 bytes (or, ld_cluster1, one float) of block `rank`'s shared memory at the address `p` has in
+// this block's.
+__device__ __forceinline__ float4 ld_cluster(const float* p, uint32_t rank) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(cluster_addr(p, rank)) : "memory");
+  return v;
+}
+__device__ __forceinline__ float ld_cluster1(const float* p, uint32_t rank) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(cluster_addr(p, rank)) : "memory");
+  return v;
+}
+
 // 16-byte global -> shared copy; zero-fills when !ok (src is then not read).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(ok ? 16 : 0)
@@ -611,10 +639,10 @@ __device__ __forceinline__ void run(const T* x, const T* w, const T* a, const T*
     tile_path<T, LORA>(x, w, a, b, y, M, K, N, R, scale, smem);
 }
 
-// One row's strip of `width` <= 32 columns: 32 columns x 8 k-lanes, the k-lanes
-// summed in shared memory.
+// One row's strip of `width` <= 32 columns over K k-rows, into out[0 .. width) (shared):
+// 32 columns x 8 k-lanes, the k-lanes summed in shared memory.
 template <typename T>
-__device__ __forceinline__ void bgmv_scalar(const T* xb, const T* t, float* y, int K, int N, int width) {
+__device__ __forceinline__ void bgmv_scalar(const T* xb, const T* t, float* out, int K, int N, int width) {
   __shared__ float part[8][32];
   const int col = threadIdx.x & 31, lane_k = threadIdx.x >> 5;
   float acc = 0.f;
@@ -628,7 +656,7 @@ __device__ __forceinline__ void bgmv_scalar(const T* xb, const T* t, float* y, i
     float sum = 0.f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) sum += part[i][col];
-    y[col] = sum;
+    out[col] = sum;
   }
 }
 
@@ -638,7 +666,7 @@ __device__ __forceinline__ void bgmv_scalar(const T* xb, const T* t, float* y, i
 // the k-lanes are summed in shared memory. (The scalar path keeps 8 k-rows of
 // 2-byte loads in flight per block and is latency-bound on such a strip.)
 template <typename T>
-__device__ __forceinline__ void bgmv_vector(const T* xb, const T* t, float* y, int K, int N, int width) {
+__device__ __forceinline__ void bgmv_vector(const T* xb, const T* t, float* out, int K, int N, int width) {
   __shared__ float part[kThreads * 8];
   const int groups = width / 8, lanes = kThreads / groups;
   const int group = threadIdx.x % groups, lane = threadIdx.x / groups;
@@ -675,25 +703,38 @@ __device__ __forceinline__ void bgmv_vector(const T* xb, const T* t, float* y, i
     const int g = threadIdx.x / 8, j = threadIdx.x % 8;
     float sum = 0.f;
     for (int l = 0; l < lanes; ++l) sum += part[(l * groups + g) * 8 + j];
-    y[threadIdx.x] = sum;
+    out[threadIdx.x] = sum;
   }
 }
 
-// Gathered rows: y[b, n] = sum_k x[b, k] * table[ids[b], k, n] in f32; block (column
-// strip, row b). A narrow strip with a long k loop (a LoRA shrink: N = rank, K =
-// in_features), in whole 16-byte vectors, takes the vector path; any other the
-// scalar one.
+// Gathered rows: y[b, n] = sum_k x[b, k] * table[ids[b], k, n] in f32; a cluster of kBgmvSplit
+// blocks (column strip, row b), block z of it over the z-th of kBgmvSplit k-chunks, the chunks'
+// sums added by block 0 in a fixed order (a LoRA shrink, N = rank and K = in_features, would
+// otherwise stream its whole factor through one SM). A narrow strip with a long k loop, in
+// whole 16-byte vectors, takes the vector path; any other the scalar one.
+constexpr int kBgmvSplit = 8;
 template <typename T>
 __device__ __forceinline__ void bgmv(const T* x, const int64_t* ids, const T* table, float* y, int B, int K,
                                      int N) {
+  __shared__ float out[32];
   const int b = blockIdx.y, n0 = blockIdx.x * 32, width = min(32, N - n0);
-  if (b >= B) return;
-  const T* t = table + static_cast<size_t>(ids[b]) * K * N + n0;
-  const T* xb = x + static_cast<size_t>(b) * K;
+  if (b >= B) return;  // the whole cluster: it shares b
+  const uint32_t rank = cluster_rank();
+  const int chunk = (K + kBgmvSplit - 1) / kBgmvSplit, k0 = min(K, static_cast<int>(rank) * chunk);
+  const int kn = min(K - k0, chunk);
+  const T* t = table + (static_cast<size_t>(ids[b]) * K + k0) * N + n0;
+  const T* xb = x + static_cast<size_t>(b) * K + k0;
   if (width <= 16 && N % 8 == 0 && K >= 512 && (reinterpret_cast<uintptr_t>(table) & 15) == 0)
-    bgmv_vector(xb, t, y + static_cast<size_t>(b) * N + n0, K, N, width);
+    bgmv_vector(xb, t, out, kn, N, width);
   else
-    bgmv_scalar(xb, t, y + static_cast<size_t>(b) * N + n0, K, N, width);
+    bgmv_scalar(xb, t, out, kn, N, width);
+  cluster_sync();  // every chunk's sums are in
+  if (rank == 0 && threadIdx.x < width) {
+    float sum = 0.f;
+    for (uint32_t r = 0; r < kBgmvSplit; ++r) sum += ld_cluster1(out + threadIdx.x, r);
+    y[static_cast<size_t>(b) * N + n0 + threadIdx.x] = sum;
+  }
+  cluster_sync();  // no block leaves while block 0 reads its shared memory
 }
 
 // ---- wgmma path (stageml_gemm_wgmma) ------------------------------------------
@@ -735,23 +776,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-// 16 bytes of block `rank`'s shared memory, at the address `p` has in this block's.
-__device__ __forceinline__ float4 ld_cluster(const float* p, uint32_t rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
-  return v;
 }
 template <int N> __device__ __forceinline__ void wgmma_fence_operands(float (&d)[N]) {
 #pragma unroll
@@ -1040,7 +1064,7 @@ __device__ __forceinline__ void gemm_wgmma(const T* x, const T* w, T* y, int M, 
                                    T* __restrict__ y, int M, int K, int N, int R, int rows) {                   \
     gemm_wgmma<T>(x, w, y, M, K, N, Expand<T>{t, ids, table, R, rows});                                         \
   }                                                                                                             \
-  extern "C" __global__ void __launch_bounds__(kThreads)                                                        \
+  extern "C" __global__ void __cluster_dims__(1, 1, kBgmvSplit) __launch_bounds__(kThreads)                   \
       stageml_bgmv_##SUFFIX(const T* __restrict__ x, const int64_t* __restrict__ ids,                           \
                             const T* __restrict__ table, float* __restrict__ y, int B, int K, int N) {          \
     bgmv<T>(x, ids, table, y, B, K, N);                                                                         \
