@@ -88,15 +88,21 @@ def numpy_dtype(name: str) -> np.dtype:
 
 
 _DLPACK_CPU, _DLPACK_CUDA = 1, 2  # DLPack's device type codes
+CUDA_FLAGS = ("--cuda_async_allocations=false",)  # IREE's runtime flags and allocators for CUDA residuals
+CUDA_ALLOCATORS = ("caching",)                      # (see _runtime_config)
 
 
 def _runtime_config(device: str) -> iree_rt.Config:
     """IREE's runtime for `device`. CUDA gets IREE's caching allocator: with the
     default one, every call's buffer allocations cost more than the residual
     (on an H200, a multi-tenant call took 1.9 ms with numpy inputs, 0.19 ms
-    with caching; iree-benchmark-module timed the same function at 0.08 ms)."""
+    with caching; iree-benchmark-module timed the same function at 0.08 ms).
+    Its allocations are not stream-ordered (`--cuda_async_allocations=false`,
+    IREE's flag, set before the process's first CUDA driver): IREE exports
+    only those buffers to DLPack, so results reach torch without a copy."""
     if device == "cuda":
-        return iree_rt.Config(device=iree_rt.get_driver("cuda").create_default_device(allocators=["caching"]))
+        iree_rt.flags.parse_flags(*CUDA_FLAGS)
+        return iree_rt.Config(device=iree_rt.get_driver("cuda").create_default_device(allocators=list(CUDA_ALLOCATORS)))
     return iree_rt.Config(device)
 
 
@@ -200,6 +206,7 @@ class ResidualModule:
             raise ArtifactError(f"module {vmfb_path!r} cannot be loaded with its parameters "
                                 f"({str(e).strip().splitlines()[0]}): recompile the model") from None
         self._entries = entries
+        self._functions = {}
         self._device_kind = "cuda" if device.startswith("cuda") else "cpu"
         self._exports = True  # results can be shared with torch (DLPack), until IREE says otherwise
         self._default_prefix = checked.default_adapter_prefix
@@ -226,7 +233,10 @@ class ResidualModule:
         """Calls `entry` with its arguments in the IR's order: adapter state by the
         @adapter result each one is, everything else by name from `named`."""
         args = [state[a["result"]] if a["kind"] == "state" else named[a["name"]] for a in entry["arguments"]]
-        return getattr(self._module, entry["symbol"])(*args)
+        function = self._functions.get(entry["symbol"])
+        if function is None:  # IREE builds an invoker on every lookup: keep one per entry point
+            function = self._functions[entry["symbol"]] = getattr(self._module, entry["symbol"])
+        return function(*args)
 
     def _run_adapter(self, named: dict, program: str = "main") -> list:
         """Runs the adapter stage of `program` on {input name: array}; returns its results (device arrays)."""
@@ -272,7 +282,7 @@ class ResidualModule:
             try:
                 return torch.utils.dlpack.from_dlpack(
                     self._config.device.create_dlpack_capsule(result._buffer_view, code, index))
-            except RuntimeError:  # IREE 3.13 cannot export CUDA results (stream-ordered pool buffers)
+            except RuntimeError:  # IREE exports no stream-ordered CUDA buffers: a driver made without CUDA_FLAGS
                 self._exports = False
         host = np.asarray(result.to_host())
         if host.dtype == numpy_dtype("bfloat16"):  # torch takes no ml_dtypes arrays: the same bits

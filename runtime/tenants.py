@@ -28,6 +28,7 @@ import itertools
 import threading
 
 import numpy as np
+from iree import runtime as iree_rt
 
 from stageml.compiler.facts import FACTORIZED, IDS, MAIN
 from stageml.errors import AdapterError, InputError
@@ -37,6 +38,7 @@ from stageml.runtime.module import ResidualModule, numpy_dtype
 
 POLICIES = ("auto", "merged", "factorized")
 SERVING = ("adapter_memory_budget", "policy", "replan_every")  # stageml.load's options for these modules
+_IDS_KEPT = 64  # batch compositions whose slot ids stay on the device
 
 
 @dataclasses.dataclass
@@ -75,6 +77,7 @@ class TenantModule(ResidualModule):
         self._lock = threading.RLock()
         self._clock = itertools.count(1)
         self._calls = 0
+        self._ids = {}  # slots' bytes -> their device array, least recently used first
         sites = tuple(LoraSite(s["in_features"], s["out_features"], numpy_dtype(s["dtype"]).itemsize)
                       for s in self._sites)
         self._profile = AdapterProfile("", self._max_rank, sites)
@@ -230,6 +233,20 @@ class TenantModule(ResidualModule):
                              "pass e.g. ['tenant-a', None]")
         return self._run_batch(request, list(adapters))
 
+    def _slot_ids(self, adapters: list):
+        """The rows' slots, on the device: uploaded once per batch composition (a decode loop
+        sends the same one at every step), the last _IDS_KEPT compositions kept. The slots
+        are all the buffer holds, so an entry stays right when slots change hands."""
+        slots = np.fromiter((0 if n is None else self._adapters[n].slot for n in adapters), np.int64, len(adapters))
+        key = slots.tobytes()
+        ids = self._ids.pop(key, None)
+        if ids is None:
+            ids = iree_rt.asdevicearray(self._config.device, slots)
+            if len(self._ids) >= _IDS_KEPT:
+                del self._ids[next(iter(self._ids))]  # the least recently used
+        self._ids[key] = ids
+        return ids
+
     def _run_batch(self, request, adapters: list):
         for name in adapters:
             if name is not None and not isinstance(name, str):
@@ -253,7 +270,7 @@ class TenantModule(ResidualModule):
             if len(named) == 1 and None not in adapters and named[0].merged is not None:
                 results = self._call(self.entry("dynamic"), values, named[0].merged)
             else:
-                values[IDS] = np.array([0 if n is None else self._adapters[n].slot for n in adapters], np.int64)
+                values[IDS] = self._slot_ids(adapters)
                 results = self._call(self.entry("dynamic", FACTORIZED), values)
             self._calls += 1
             if self._calls % self._replan_every == 0:

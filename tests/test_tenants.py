@@ -184,6 +184,7 @@ def test_rows_see_only_their_adapter_through_unload_reload_and_slot_reuse(linear
     mod.load_adapter("c", adapters["c"])
     assert mod.stats()["adapters"]["c"]["slot"] == slot_b  # b's slot, reused
     _check_rows(mod, linear, adapters, ["c", "a", None, "c"])
+    _check_rows(mod, linear, adapters, ["a", "c", None, "c", "a"])  # the first batch's slots, now c's rows
     with pytest.raises(AdapterError, match="unknown adapter 'b'"):
         mod(np.zeros((1, 64), np.float32), adapter="b")
     mod.load_adapter("b", adapters["b"])  # both slots full: the least recently used ("a") is evicted
@@ -193,6 +194,20 @@ def test_rows_see_only_their_adapter_through_unload_reload_and_slot_reuse(linear
     assert mod.stats()["adapters"]["a"]["form"] == "factorized"
     with pytest.raises(AdapterError, match="all 2 adapter slots are in use"):
         mod.run_batch(np.zeros((3, 64), np.float32), ["a", "b", "c"])
+
+
+def test_slot_ids_stay_on_the_device_for_recent_batch_compositions(linear):
+    # run_batch uploads a composition's slot ids once and keeps the last 64 compositions.
+    from stageml.runtime.tenants import _IDS_KEPT
+
+    mod = stageml.load(linear["path"], policy="factorized")
+    adapters = {n: _factors(s) for s, n in enumerate("ab")}
+    for name, factors in adapters.items():
+        mod.load_adapter(name, factors)
+    compositions = [["a", "b", None][:1 + i % 3] * (1 + i // 3) for i in range(_IDS_KEPT + 6)]
+    for names in compositions + compositions[:3]:  # the first three were dropped, and come back
+        _check_rows(mod, linear, adapters, names)
+    assert len(mod._ids) == _IDS_KEPT
 
 
 def test_evicted_directory_adapter_is_reloaded_from_disk(linear, tmp_path):
