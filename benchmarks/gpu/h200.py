@@ -42,7 +42,7 @@ import stageml  # noqa: E402
 from iree import runtime as iree_rt  # noqa: E402
 from stageml.files import write_file  # noqa: E402
 from stageml.runtime import manifest as manifests  # noqa: E402
-from stageml.runtime.module import as_numpy  # noqa: E402
+from stageml.runtime.module import CUDA_ALLOCATORS, CUDA_FLAGS, as_numpy  # noqa: E402
 from workloads import LINEAR_LORA, LLAMA_LORA, Linear, Logits, LoraStack, small_llama  # noqa: E402
 
 HBM_BYTES_PER_S = 4.8e12
@@ -53,6 +53,7 @@ TOKENS = (1, 16, 64, 256)
 STACK = dict(layers=8, d=4096, r=16)
 BENCH = os.path.join(os.path.dirname(iree_rt.__file__), "..", "_runtime_libs", "iree-benchmark-module")
 FAILURES = []
+PROFILED_CALLS = 20  # kernel_times
 
 
 def rel_err(actual, expected) -> float:
@@ -88,9 +89,11 @@ def input_flags(arrays: list, scratch: str, tag: str) -> list:
 
 
 def bench_iree(vmfb: str, flags: list, function: str = "forward") -> float:
-    """Median µs per call of `vmfb`'s `function` (its .irpa beside it) by iree-benchmark-module."""
+    """Median µs per call of `vmfb`'s `function` (its .irpa beside it) by iree-benchmark-module,
+    with the runtime flags and allocators stageml.load sets, then `flags` (a later flag wins)."""
     done = subprocess.run([BENCH, f"--module={vmfb}", "--device=cuda", f"--parameters=model={vmfb[:-5]}.irpa",
-                           f"--function={function}", *flags, "--benchmark_repetitions=5",
+                           f"--function={function}", *CUDA_FLAGS, *(f"--device_allocator={a}" for a in CUDA_ALLOCATORS),
+                           *flags, "--benchmark_repetitions=5",
                            "--benchmark_report_aggregates_only=true", "--benchmark_format=json"],
                           capture_output=True, text=True)
     if done.returncode != 0:
@@ -115,6 +118,45 @@ def bench_torch(fn, calls: int = 200, warmup: int = 20) -> float:
             end.synchronize()
             times.append(start.elapsed_time(end) * 1e3)
     return statistics.median(times)
+
+
+def kernel_times(call) -> dict:
+    """The GPU's side of `call`: medians over PROFILED_CALLS calls of the summed kernel time, the
+    span from first kernel start to last kernel end (µs), and the kernels per call."""
+    marker = torch.zeros(1, device="cuda")
+    call()
+    torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as scratch:
+        trace = os.path.join(scratch, "trace.json")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for i in range(PROFILED_CALLS):
+                marker.fill_(i)
+                call()
+            marker.fill_(-1)
+            torch.cuda.synchronize()
+        prof.export_chrome_trace(trace)
+        with open(trace) as f:
+            events = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    events.sort(key=lambda e: e["ts"])
+    calls, current = [], None
+    for e in events:
+        if "FillFunctor" in e["name"]:
+            if current:
+                calls.append(current)
+            current = []
+        elif current is not None:
+            current.append(e)
+    if len(calls) != PROFILED_CALLS or not all(calls):
+        print(f"CUPTI saw {len(events)} kernels in {len(calls)} calls: no kernel times", flush=True)
+        return {"busy": float("nan"), "span": float("nan"), "kernels": 0, "by kernel": {}}
+    by_kernel = {}
+    for c in calls:
+        for e in c:
+            by_kernel.setdefault(e["name"], []).append(e["dur"])
+    return {"busy": statistics.median(sum(e["dur"] for e in c) for c in calls),
+            "span": statistics.median(c[-1]["ts"] + c[-1]["dur"] - c[0]["ts"] for c in calls),
+            "kernels": statistics.median(len(c) for c in calls),
+            "by kernel": {name: (len(d) / PROFILED_CALLS, statistics.median(d)) for name, d in by_kernel.items()}}
 
 
 def state_flags(mod, scratch: str, tag: str) -> list:

@@ -11,7 +11,9 @@ tokens, 8 x 32 and 1 x 256 (contiguous segments).
 
 - StageML: the residual's @forward_factorized (the sm90 pipeline), checked
   through `run_batch` against float64, timed by iree-benchmark-module
-  (median of 5 repetitions; a call's time includes its submission and wait).
+  (median of 5 repetitions; a call's time includes its submission and wait)
+  and on the GPU: its kernels' span, first start to last end, from CUPTI's
+  records of 20 `run_batch` calls (what CUDA events around vLLM's graph count).
 - vLLM 0.33: cuBLAS for x@W (torch.mm) plus vLLM's Triton `lora_shrink`
   and `lora_expand` (taken from its wheel by prepare.py, with the metadata
   vLLM's punica wrapper prepares), the 8 layers captured in one CUDA graph
@@ -19,8 +21,7 @@ tokens, 8 x 32 and 1 x 256 (contiguous segments).
 - cuBLAS base only: the same graph without the LoRA kernels.
 - HBM floor: the base weights, the active tenants' factors and the
   activations read or written once, at 4.8 TB/s.
-- The call path: `run_batch`'s wall clock with torch CUDA tensors (inputs
-  shared with IREE by DLPack) and with numpy, against the call's device time.
+(What the same calls cost the host above their device time: call_path.py.)
 Every figure is per layer (per call / 8); the stack's 256 MiB of base
 weights outgrow the L2, so every call reads them from HBM.
 """
@@ -32,8 +33,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from h200 import (BOUNDS, DTYPES, HBM_BYTES_PER_S, STACK, bench_host, bench_iree, bench_torch, check, finish,  # noqa: E402
-                  input_flags, rel_err, to_numpy, write_archive)
+from h200 import (BOUNDS, DTYPES, HBM_BYTES_PER_S, STACK, bench_iree, bench_torch, check, finish,  # noqa: E402
+                  input_flags, kernel_times, rel_err, to_numpy, write_archive)
 
 import stageml  # noqa: E402
 from workloads import TenantStack  # noqa: E402
@@ -151,11 +152,10 @@ def run(art_dir: str, scratch: str) -> list:
             row = {"dtype": tag, "shape": shape,
                    "stageml": bench_iree(vmfb, input_flags([to_numpy(x), ids], scratch, "peer"),
                                          function="forward_factorized") / STACK["layers"],
+                   "stageml gpu": kernel_times(lambda: mod.run_batch(x, names))["span"] / STACK["layers"],
                    "vllm": bench_torch(replay) / STACK["layers"],
                    "base": bench_torch(base_replay) / STACK["layers"],
-                   "floor": floor_us(rows, tenants, torch.finfo(dtype).bits // 8),
-                   "call torch": bench_host(lambda: mod.run_batch(x, names)),
-                   "call numpy": bench_host(lambda: mod.run_batch(to_numpy(x), names))}
+                   "floor": floor_us(rows, tenants, torch.finfo(dtype).bits // 8)}
             rows_out.append(row)
             print(row, flush=True)
         del mod, weights
@@ -165,25 +165,20 @@ def run(art_dir: str, scratch: str) -> list:
 
 def report(rows: list) -> str:
     lines = ["## Multi-tenant LoRA stack against vLLM 0.33, µs per layer (d=4096, r=16, 32 tenants resident)", "",
-             "StageML: @forward_factorized by iree-benchmark-module (median of 5 repetitions, submission and wait "
-             "included), / 8. vLLM: cuBLAS x@W + vLLM's Triton lora_shrink + lora_expand, 8 layers in one CUDA "
-             "graph, CUDA events around each replay (median of 200), / 8. cuBLAS base: the same graph without "
-             "LoRA. Every figure checked against float64 first (see the checks above).", "",
-             "| dtype | shape | StageML | vLLM | cuBLAS base | HBM floor | StageML / vLLM | vLLM / base | StageML / floor |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "StageML call: @forward_factorized by iree-benchmark-module (median of 5 repetitions, submission "
+             "and wait included), / 8. StageML GPU: the call's kernels on the GPU, first start to last end (CUPTI, "
+             "median of 20 `run_batch` calls), / 8: what vLLM's figure counts. vLLM: cuBLAS x@W + vLLM's Triton "
+             "lora_shrink + lora_expand, 8 layers in one CUDA graph, CUDA events around each replay (median of "
+             "200), / 8. cuBLAS base: the same graph without LoRA. Every figure checked against float64 first "
+             "(see the checks above).", "",
+             "| dtype | shape | StageML call | StageML GPU | vLLM | cuBLAS base | HBM floor | GPU / vLLM | "
+             "call / vLLM | vLLM / base | GPU / floor |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['dtype']} | {r['shape']} | {r['stageml']:.1f} | {r['vllm']:.1f} | {r['base']:.1f} | "
-                     f"{r['floor']:.1f} | {r['stageml'] / r['vllm']:.2f}x | {r['vllm'] / r['base']:.2f}x | "
-                     f"{r['stageml'] / r['floor']:.2f}x |")
-    lines += ["", "The call path: `run_batch` wall clock (median of 100) with torch CUDA tensors in and out (the "
-              "inputs shared with IREE by DLPack; IREE 3.13 cannot export its CUDA results, so those come back "
-              "through the host) and with numpy, against the same call's device time above (x 8 layers):", "",
-              "| dtype | shape | device µs per call | run_batch torch µs | run_batch numpy µs | torch overhead µs |",
-              "|---|---|---:|---:|---:|---:|"]
-    for r in rows:
-        device = r["stageml"] * STACK["layers"]
-        lines.append(f"| {r['dtype']} | {r['shape']} | {device:.0f} | {r['call torch']:.0f} | {r['call numpy']:.0f} | "
-                     f"{r['call torch'] - device:.0f} |")
+        lines.append(f"| {r['dtype']} | {r['shape']} | {r['stageml']:.1f} | {r['stageml gpu']:.1f} | {r['vllm']:.1f} | "
+                     f"{r['base']:.1f} | {r['floor']:.1f} | {r['stageml gpu'] / r['vllm']:.2f}x | "
+                     f"{r['stageml'] / r['vllm']:.2f}x | {r['vllm'] / r['base']:.2f}x | "
+                     f"{r['stageml gpu'] / r['floor']:.2f}x |")
     return "\n".join(lines)
 
 

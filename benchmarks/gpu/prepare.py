@@ -23,6 +23,9 @@ compiled here; h200.py checks and times them there. Written to OUT_DIR:
       workloads.TenantStack(8 layers, d=4096, r=16) for 32 tenants
       (max_adapters=32, max_rank=16), its archive rebuilt there like the
       stacks': the multi-tenant request path peer.py sets against vLLM.
+  stack-tenants-f16-sm90-rows32.vmfb/.json
+      the f16 one for exactly 32 rows (no dynamic dimension): call_path.py
+      times IREE's reuse of a call's command buffer on it.
   vllm_peer/       vLLM 0.33's Triton LoRA ops (lora_shrink, lora_expand and
       the three modules they share), taken from the vllm==0.33.0 wheel
       (pip download --no-deps) and set beside vllm_stubs/'s stand-ins for
@@ -123,11 +126,12 @@ VLLM_OPS = ("lora_shrink_op", "lora_expand_op", "kernel_utils", "utils", "lora_k
 
 def tenant_stack_artifacts(out: str) -> list:
     entries = []
-    for tag, dtype in DTYPES.items():
+    for tag, dtype, rows in (("f16", torch.float16, None), ("bf16", torch.bfloat16, None), ("f16", torch.float16, 32)):
         torch.manual_seed(0)
         model = TenantStack(**STACK).to(dtype).eval()
-        name = f"stack-tenants-{tag}-sm90"
-        art = stageml.compile(model, (torch.randn(2, STACK["d"], dtype=dtype),), dynamic_shapes={"x": {0: TOKENS}},
+        name = f"stack-tenants-{tag}-sm90" + (f"-rows{rows}" if rows else "")
+        example = torch.randn(rows or 2, STACK["d"], dtype=dtype)
+        art = stageml.compile(model, (example,), dynamic_shapes=None if rows else {"x": {0: TOKENS}},
                               target="sm90", max_adapters=32, max_rank=STACK["r"], verbose=True)
         if art.report.folded_values:
             raise SystemExit(f"{name}: {art.report.folded_values} values were folded; "

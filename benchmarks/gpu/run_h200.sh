@@ -10,9 +10,9 @@
 # kernels alone: their checks (pytest -m gpu tests/test_kernels_gpu.py,
 # against float64 PyTorch) and timings (kernel_check.py: CUDA events, against
 # cuBLAS), then the residuals (h200.py), then the multi-tenant stack against
-# vLLM's LoRA kernels (peer.py). Writes REPORT_DIR/h200.md (both
-# tables, the machine and COMMIT) and the full logs beside it; exits 1 if any
-# check failed.
+# vLLM's LoRA kernels (peer.py), then the call path's host overhead
+# (call_path.py). Writes REPORT_DIR/h200.md (every table, the machine and
+# COMMIT) and the full logs beside it; exits 1 if any check failed.
 set -euo pipefail
 ART=${1:-out/gpu}
 REPORT=${2:-$ART}
@@ -29,6 +29,7 @@ python3 benchmarks/gpu/kernel_check.py "$ART/stageml_sm90.ptx" --report "$REPORT
   > "$REPORT/kernels.log" 2>&1 || status=1
 python3 benchmarks/gpu/h200.py "$ART" "$REPORT/residuals.md" > "$REPORT/residuals.log" 2>&1 || status=1
 python3 benchmarks/gpu/peer.py "$ART" "$REPORT/peer.md" > "$REPORT/peer.log" 2>&1 || status=1
+python3 benchmarks/gpu/call_path.py "$ART" "$REPORT/call-path.md" > "$REPORT/call-path.log" 2>&1 || status=1
 {
   echo "# StageML on an H200"
   echo
@@ -36,8 +37,8 @@ python3 benchmarks/gpu/peer.py "$ART" "$REPORT/peer.md" > "$REPORT/peer.log" 2>&
   echo "- $(python3 -c 'import torch, cupy; print(f"torch {torch.__version__}, cupy {cupy.__version__}")'), IREE runtime 3.13.0"
   echo "- commit $COMMIT; artifacts compiled by benchmarks/gpu/prepare.py"
   echo "- checks (each on fresh random inputs against float64):" \
-       "$(( $(count ' PASSED' "$REPORT/kernel-checks.log") + $(count '^PASS' "$REPORT/residuals.log") + $(count '^PASS' "$REPORT/peer.log") )) passed," \
-       "$(( $(count ' FAILED' "$REPORT/kernel-checks.log") + $(count '^FAIL' "$REPORT/residuals.log") + $(count '^FAIL' "$REPORT/peer.log") )) failed"
+       "$(( $(count ' PASSED' "$REPORT/kernel-checks.log") + $(count '^PASS' "$REPORT/residuals.log") + $(count '^PASS' "$REPORT/peer.log") + $(count '^PASS' "$REPORT/call-path.log") )) passed," \
+       "$(( $(count ' FAILED' "$REPORT/kernel-checks.log") + $(count '^FAIL' "$REPORT/residuals.log") + $(count '^FAIL' "$REPORT/peer.log") + $(count '^FAIL' "$REPORT/call-path.log") )) failed"
   echo
   echo "## Kernels alone, K = N = 4096 (kernel_check.py)"
   echo
@@ -51,8 +52,10 @@ python3 benchmarks/gpu/peer.py "$ART" "$REPORT/peer.md" > "$REPORT/peer.log" 2>&
   cat "$REPORT/residuals.md" 2>/dev/null || echo "(h200.py failed: see residuals.log)"
   echo
   cat "$REPORT/peer.md" 2>/dev/null || echo "(peer.py failed: see peer.log)"
+  echo
+  cat "$REPORT/call-path.md" 2>/dev/null || echo "(call_path.py failed: see call-path.log)"
 } > "$REPORT/h200.md"
 grep -h ' FAILED' "$REPORT/kernel-checks.log" || true
-grep -h '^FAIL' "$REPORT/residuals.log" "$REPORT/peer.log" || true
+grep -h '^FAIL' "$REPORT/residuals.log" "$REPORT/peer.log" "$REPORT/call-path.log" || true
 cat "$REPORT/h200.md"
 exit $status

@@ -1,0 +1,160 @@
+"""What a request costs the host on an H200, above the GPU's own work.
+
+    python3 benchmarks/gpu/call_path.py ARTIFACTS_DIR [REPORT.md]    # run_h200.sh runs it
+
+The calls: the multi-tenant 8-layer stack (peer.py's workload and weights, fp16,
+32 tenants resident) at decode 1 row / 1 tenant, decode 32 / 32 and prefill
+256 rows / 4 tenants, through `run_batch`; the small PEFT Llama's residual
+(1 x 16 token ids) through `mod(ids)`. Each result is checked against float64
+first. Per call, medians:
+
+- kernels: the GPU's time in the call's kernels, and the span from its first
+  kernel's start to its last one's end, from CUPTI's records (torch.profiler)
+  of 20 calls, split at a marker kernel launched between calls;
+- device: iree-benchmark-module on the same function and inputs, with the
+  runtime flags stageml.load sets (median of 5 repetitions of back-to-back
+  calls; a call's time includes its submission and wait);
+- invoke: IREE's function call with every argument already on the device and
+  the result left there (the floor of any Python caller);
+- torch / numpy: the whole call with torch CUDA tensors in and out, and with
+  numpy in and out (bench_host: median of 100 after 10 warm-up).
+Host overhead = torch - device.
+
+Then IREE's options for repeated submissions, each by iree-benchmark-module
+on the decode-32 call: command buffers replayed on CUDA streams (IREE's
+default) or as CUDA graphs (--cuda_use_streams=false), inline execution
+(--cuda_allow_inline_execution=true), stream-ordered allocations on or off,
+and the same stack compiled for exactly 32 rows (no dynamic dimension), where
+IREE can record the call's command buffer once and reuse it (memoization).
+"""
+
+import os
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from h200 import (BOUNDS, bench_host, bench_iree, check, finish, input_flags, kernel_times,  # noqa: E402
+                  peft_llama, rel_err, state_flags, to_numpy, write_archive)
+from peer import STACK, TENANTS, Weights, mapping  # noqa: E402
+
+import stageml  # noqa: E402
+from iree import runtime as iree_rt  # noqa: E402
+from stageml.compiler.facts import IDS  # noqa: E402
+
+SHAPES = [("decode", 1, 1), ("decode", 32, 32), ("prefill", 256, 4)]
+OPTIONS = {
+    "streams (stageml.load's flags)": [],
+    "streams, stream-ordered allocations (IREE's default)": ["--cuda_async_allocations=true"],
+    "CUDA graphs": ["--cuda_use_streams=false"],
+    "streams, inline execution": ["--cuda_allow_inline_execution=true"],
+}
+
+
+def device_invoke(mod, entry: dict, values: dict):
+    """A call of `entry` with `values` already on the device, its result left there."""
+    function = getattr(mod._module, entry["symbol"])
+    args = [iree_rt.asdevicearray(mod._config.device, values[a["name"]]) for a in entry["arguments"]]
+    return lambda: function(*args)
+
+
+def stack_rows(art_dir: str, scratch: str) -> tuple[list, dict]:
+    weights = Weights(torch.float16, seed=int.from_bytes(os.urandom(4), "little"))
+    vmfb = os.path.join(art_dir, "stack-tenants-f16-sm90.vmfb")
+    write_archive(weights.model, {f"weight.{l}": f"weight.{l}" for l in range(STACK["layers"])}, vmfb[:-5] + ".irpa")
+    mod = stageml.load(vmfb, policy="factorized")
+    for t in range(TENANTS):
+        mod.load_adapter(f"t{t}", {k: to_numpy(v) for k, v in weights.adapter(t).items()})
+    slots = {f"t{t}": mod.stats()["adapters"][f"t{t}"]["slot"] for t in range(TENANTS)}
+    entry = mod.entry("dynamic", "factorized")
+    rows, options = [], {}
+    for kind, count, tenants in SHAPES:
+        assigned = mapping(kind, count, tenants)
+        names = [f"t{t}" for t in assigned]
+        x = torch.randn(count, STACK["d"], device="cuda", dtype=torch.float16)
+        shape = f"stack, {kind} {count} rows / {tenants} tenants"
+        expected = weights.reference(x, assigned)
+        check(f"call path {shape}, torch in and out", rel_err(mod.run_batch(x, names), expected), BOUNDS["f16"])
+        check(f"call path {shape}, numpy in and out", rel_err(mod.run_batch(to_numpy(x), names), expected),
+              BOUNDS["f16"])
+        ids = np.array([slots[n] for n in names], np.int64)
+        flags = input_flags([to_numpy(x), ids], scratch, f"stack{count}")
+        row = {"call": shape, **kernel_times(lambda: mod.run_batch(x, names)),
+               "device": bench_iree(vmfb, flags, function=entry["symbol"]),
+               "invoke": bench_host(device_invoke(mod, entry, {"x": to_numpy(x), IDS: ids})),
+               "torch": bench_host(lambda: mod.run_batch(x, names)),
+               "numpy": bench_host(lambda: mod.run_batch(to_numpy(x), names)),
+               "exported": mod._exports}
+        rows.append(row)
+        print(row, flush=True)
+        if count == 32:
+            options = {name: bench_iree(vmfb, flags + extra, function=entry["symbol"]) for name, extra in OPTIONS.items()}
+            static = os.path.join(art_dir, "stack-tenants-f16-sm90-rows32.vmfb")
+            if os.path.exists(static):
+                write_archive(weights.model, {f"weight.{l}": f"weight.{l}" for l in range(STACK["layers"])},
+                              static[:-5] + ".irpa")
+                for name, extra in (("streams", []), ("CUDA graphs", ["--cuda_use_streams=false"])):
+                    options[f"static 32 rows, {name}"] = bench_iree(static, flags + extra,
+                                                                    function=entry["symbol"])
+            print(options, flush=True)
+    return rows, options
+
+
+def llama_row(art_dir: str, scratch: str) -> dict:
+    model = peft_llama(art_dir).double()
+    vmfb = os.path.join(art_dir, "llama-f16-sm90.vmfb")
+    mod = stageml.load(vmfb)
+    ids = torch.randint(0, 128, (1, 16), device="cuda")
+    with torch.no_grad():
+        expected = model(ids)
+    check("call path llama 1x16, torch in and out", rel_err(mod(ids), expected), BOUNDS["f16"])
+    entry = mod.entry("dynamic")
+    function = getattr(mod._module, entry["symbol"])
+    ids_device = iree_rt.asdevicearray(mod._config.device, to_numpy(ids))
+    args = [mod.state[a["result"]] if a["kind"] == "state" else ids_device for a in entry["arguments"]]
+    row = {"call": "small Llama, 1 x 16 ids", **kernel_times(lambda: mod(ids)),
+           "device": bench_iree(vmfb, state_flags(mod, scratch, "llama") + input_flags([to_numpy(ids)], scratch, "ids")
+                               ),
+           "invoke": bench_host(lambda: function(*args)),
+           "torch": bench_host(lambda: mod(ids)),
+           "numpy": bench_host(lambda: mod(to_numpy(ids))),
+           "exported": mod._exports}
+    print(row, flush=True)
+    return row
+
+
+def report(rows: list, options: dict) -> str:
+    lines = ["## The call path: host overhead above device time (call_path.py, fp16)", "",
+             "µs per call. kernels / span: the GPU's kernel time and first-start to last-end span (CUPTI, median "
+             "of 20 calls). device: iree-benchmark-module. invoke: IREE's call with its arguments on the device. "
+             "torch / numpy: the whole call (torch CUDA tensors in and out; numpy in and out). Overhead = torch - "
+             "device.", "",
+             "| call | kernels | busy | span | device | invoke | torch | numpy | overhead | result shared |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r['call']} | {r['kernels']:.0f} | {r['busy']:.0f} | {r['span']:.0f} | {r['device']:.0f} | "
+                     f"{r['invoke']:.0f} | {r['torch']:.0f} | {r['numpy']:.0f} | {r['torch'] - r['device']:.0f} | "
+                     f"{'yes' if r['exported'] else 'no (copied)'} |")
+    lines += ["", "Each call's kernels (CUPTI): launches per call and median µs per launch.", "",
+              "| call | kernel | per call | µs each |", "|---|---|---:|---:|"]
+    for r in rows:
+        for name, (count, us) in sorted(r["by kernel"].items(), key=lambda item: -item[1][0] * item[1][1]):
+            lines.append(f"| {r['call']} | `{name[:60]}` | {count:.0f} | {us:.1f} |")
+    lines += ["", "IREE's runtime options on the decode-32 stack call (iree-benchmark-module, µs per call):", "",
+              "| option | µs |", "|---|---:|"]
+    lines += [f"| {name} | {us:.0f} |" for name, us in options.items()]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        rows, options = stack_rows(sys.argv[1], scratch)
+        rows.append(llama_row(sys.argv[1], scratch))
+    return finish(report(rows, options))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
