@@ -23,6 +23,7 @@ calls, so any number of threads may use a module; a load that fails
 changes nothing.
 """
 
+import collections
 import dataclasses
 import itertools
 import threading
@@ -233,11 +234,14 @@ class TenantModule(ResidualModule):
                              "pass e.g. ['tenant-a', None]")
         return self._run_batch(request, list(adapters))
 
-    def _slot_ids(self, adapters: list):
-        """The rows' slots, on the device: uploaded once per batch composition (a decode loop
-        sends the same one at every step), the last _IDS_KEPT compositions kept. The slots
-        are all the buffer holds, so an entry stays right when slots change hands."""
-        slots = np.fromiter((0 if n is None else self._adapters[n].slot for n in adapters), np.int64, len(adapters))
+    def _slot_ids(self, adapters: list, named: dict):
+        """The rows' slots (`named`: the batch's adapters by name), on the device: uploaded once
+        per batch composition (a decode loop sends the same one at every step), the last
+        _IDS_KEPT compositions kept. The slots are all the buffer holds, so an entry stays
+        right when slots change hands."""
+        slot_of = {name: adapter.slot for name, adapter in named.items()}
+        slot_of[None] = 0
+        slots = np.fromiter(map(slot_of.__getitem__, adapters), np.int64, len(adapters))
         key = slots.tobytes()
         ids = self._ids.pop(key, None)
         if ids is None:
@@ -248,29 +252,32 @@ class TenantModule(ResidualModule):
         return ids
 
     def _run_batch(self, request, adapters: list):
-        for name in adapters:
+        try:
+            rows_of = collections.Counter(adapters)  # rows per name (None: the base model)
+        except TypeError:  # an unhashable name: found below
+            rows_of = None
+        for name in adapters if rows_of is None else rows_of:
             if name is not None and not isinstance(name, str):
                 raise AdapterError(f"adapter {name!r} is not a name: pass adapter names (strings) or None for the base model")
         if any(shape == () or rows != len(adapters) for shape, rows in zip(request.shapes, request.rows)):
             raise InputError(f"run_batch got {len(adapters)} adapter names for inputs of "
                              f"{request.rows} rows: pass one name (or None) per row")
         with self._lock:
-            named = [self._known(n) for n in dict.fromkeys(adapters) if n is not None]
-            busy = {n for n in adapters if n is not None}
-            for adapter in named:
+            named = {n: self._known(n) for n in rows_of if n is not None}
+            for adapter in named.values():
                 if adapter.slot is None:
-                    self._make_resident(adapter, busy)
+                    self._make_resident(adapter, set(named))
             now = next(self._clock)
-            for name in adapters:
-                if name is not None:
-                    self._adapters[name].requests += 1
-                    self._adapters[name].total += 1
-                    self._adapters[name].last_used = now
+            for name, adapter in named.items():
+                adapter.requests += rows_of[name]
+                adapter.total += rows_of[name]
+                adapter.last_used = now
             values = {s["name"]: v for s, v in zip(self.inputs, request.values)}
-            if len(named) == 1 and None not in adapters and named[0].merged is not None:
-                results = self._call(self.entry("dynamic"), values, named[0].merged)
+            only = next(iter(named.values())) if len(named) == 1 and None not in rows_of else None
+            if only is not None and only.merged is not None:
+                results = self._call(self.entry("dynamic"), values, only.merged)
             else:
-                values[IDS] = self._slot_ids(adapters)
+                values[IDS] = self._slot_ids(adapters, named)
                 results = self._call(self.entry("dynamic", FACTORIZED), values)
             self._calls += 1
             if self._calls % self._replan_every == 0:
