@@ -85,6 +85,21 @@ def tenant_artifact():
                            target="sm90", max_adapters=4, max_rank=8)
 
 
+def _peft_rows(models: dict, names: list, x) -> torch.Tensor:
+    """PEFT's output for each row of `x` alone, in float64: row i by models[names[i]]
+    (None: the base model, the first one with its adapter disabled)."""
+    expected = torch.empty(x.shape, dtype=torch.float64)
+    with torch.no_grad():
+        for i, name in enumerate(names):
+            wide = copy.deepcopy(models[name or next(iter(models))]).double()
+            if name is None:
+                with wide.disable_adapter():
+                    expected[i] = wide(x[i:i + 1].double())[0]
+            else:
+                expected[i] = wide(x[i:i + 1].double())[0]
+    return expected
+
+
 @needs_nvcc
 def test_wgmma_kernels_keep_their_dynamic_shared_memory(tenant_artifact):
     """hopper.mlir's `workgroup_local_memory` of the wgmma exports (the GEMM
@@ -141,6 +156,23 @@ def test_multi_tenant_site_is_a_bgmv_and_the_gemm_with_its_expand(tenant_artifac
     assert forward.count("flow.dispatch @stageml_sm90::@stageml_gemm_expand_f16[") == 1
     assert "tensor.extract %" not in forward and "linalg.matmul" not in forward
     assert b"stageml_gemm_expand_f16" in art.vmfb
+
+
+# Rows of T tokens (x [B, T, 256]): the site's shrink and expand are BGMVs of the B*T token rows
+# (fuse-gathers{multi-token=true}); its base product, and @forward's merged one, the wgmma GEMM
+TOKEN_ROWS = ({0: Dim("rows", max=64), 1: Dim("tokens", max=64)},)
+MULTI_TOKEN_KERNELS = {"stageml_gemm_wgmma": 2, "stageml_bgmv": 2}
+
+
+@needs_nvcc
+def test_multi_token_rows_are_bgmvs_of_their_tokens():
+    art = stageml.compile(_tenant_model(0), (torch.randn(3, 5, 256).half(),), dynamic_shapes=TOKEN_ROWS,
+                          target="sm90", max_adapters=4, max_rank=8)
+    assert art.report.custom_kernels == MULTI_TOKEN_KERNELS
+    forward = art.mlir["iree"].split("func.func @forward_factorized")[1]
+    assert forward.count("flow.dispatch @stageml_sm90::@stageml_bgmv_f16[") == 2
+    assert "linalg.batch_matmul" not in forward and "tensor.extract %" not in forward
+    assert b"stageml_bgmv_f16" in art.vmfb
 
 
 def test_no_custom_kernels_is_iree_codegen_for_the_hopper_target():
@@ -246,13 +278,22 @@ def test_sm90_gemm_expand_rewrite_matches_peft_on_the_cpu(tmp_path):
                          config=model.peft_config["default"])
     names = ["a", None, "b", "a", None, "b", "b"]
     x = torch.randn(len(names), 256).half()
-    expected = torch.empty(len(names), 256, dtype=torch.float64)
-    with torch.no_grad():
-        for i, name in enumerate(names):
-            wide = copy.deepcopy(models[name or "a"]).double()
-            if name is None:
-                with wide.disable_adapter():
-                    expected[i] = wide(x[i:i + 1].double())[0]
-            else:
-                expected[i] = wide(x[i:i + 1].double())[0]
-    assert rel_err(mod.run_batch(x, names), expected) <= 2e-3
+    assert rel_err(mod.run_batch(x, names), _peft_rows(models, names, x)) <= 2e-3
+
+
+def test_sm90_multi_token_bgmv_rewrite_matches_peft_on_the_cpu(tmp_path):
+    """Rows of 5 tokens, with the kernels' CPU references, against PEFT: rows
+    of two adapters (ranks 8 and 4) and of the base model in one batch."""
+    seed = torch.seed()
+    print(f"seed {seed}")
+    models = {"a": _tenant_model(seed % 2 ** 31), "b": _tenant_model(seed % 2 ** 31 + 1, rank=4)}
+    art = stageml.compile(models["a"], (torch.randn(3, 5, 256).half(),), dynamic_shapes=TOKEN_ROWS, target="sm90",
+                          max_adapters=3, max_rank=8, custom_kernels="reference")
+    assert art.report.custom_kernels == MULTI_TOKEN_KERNELS
+    mod = art.load(str(tmp_path / "tokens.vmfb"), policy="factorized")
+    for name, model in models.items():
+        mod.load_adapter(name, {k: v for k, v in model.state_dict().items() if "lora_" in k},
+                         config=model.peft_config["default"])
+    names = ["a", None, "b", "a"]
+    x = torch.randn(len(names), 5, 256).half()
+    assert rel_err(mod.run_batch(x, names), _peft_rows(models, names, x)) <= 2e-3

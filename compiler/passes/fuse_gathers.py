@@ -14,13 +14,26 @@ and read back on every call. On the IREE input (linalg on tensors):
            %w = tensor.extract %table[index_cast(%id), linalg.index 3, linalg.index 2]
            linalg.yield %acc + %x * %w }
 
-Only for one token per row (M = 1, a batched GEMV): there each row's
-matrix is used once, so the copy doubles the traffic. With M > 1 tokens per
-row the copy is reused M times and the batch_matmul, which IREE tiles
-well, is faster (measured: the fused form took 1.3-1.9x longer on the 16-token
-rows of the benchmark's Llama). Accumulates in f32, as torch-mlir's own
-f16 / bf16 products do.
+By default only for one token per row (M = 1, a batched GEMV): there each
+row's matrix is used once, so the copy doubles the traffic. With M > 1
+tokens per row the copy is reused M times and the batch_matmul, which IREE
+tiles well, is faster on the CPU (measured: the fused form took 1.3-1.9x
+longer on the 16-token rows of the benchmark's Llama). Accumulates in f32,
+as torch-mlir's own f16 / bf16 products do.
+
+With `multi-token=true` (the sm90 target, whose BGMV kernel takes the fused
+form), rows of T tokens (T dynamic or > 1) become the one-token form on
+their B*T token rows, each token with its row's id:
+
+    %y = linalg.batch_matmul ins(%x, %g : BxTxK, BxKxN) outs(%zero : BxTxN)
+  → %r = tensor.expand_shape (tensor.collapse_shape %x [[0, 1], [2]]) [[0, 1], [2]]   // (B*T)x1xK
+    %i = tensor.collapse_shape (linalg.broadcast ins(%ids : B) outs(BxT) dimensions = [1]) [[0, 1]]
+    %p = linalg.generic {as above} ins(%r, %i) outs(linalg.fill 0 : (B*T)x1xN)
+    %y = tensor.expand_shape (tensor.collapse_shape %p [[0, 1], [2]]) [[0, 1], [2]]   // BxTxN
 """
+
+import dataclasses
+import math
 
 from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, tensor
@@ -65,8 +78,8 @@ def _element(value) -> ir.Type:
     return ir.RankedTensorType(value.type).element_type
 
 
-def _fused(matmul, table, ids) -> ir.Value:
-    x, _, acc = matmul.operands
+def _fused(x, table, ids, acc) -> ir.Value:
+    """y[b, m, n] = acc[b, m, n] + sum_k x[b, m, k] * table[ids[b], k, n]."""
     iterators = ir.ArrayAttr.get([ir.Attribute.parse(f"#linalg.iterator_type<{t}>")
                                   for t in ("parallel", "parallel", "parallel", "reduction")])
     generic = linalg.GenericOp([acc.type], [x, ids], [acc], _maps(), iterators)
@@ -84,6 +97,42 @@ def _fused(matmul, table, ids) -> ir.Value:
     return generic.results[0]
 
 
+def _sizes(value) -> list:
+    """`value`'s dimensions: ints where static, tensor.dim values where dynamic."""
+    type_, index = ir.RankedTensorType(value.type), ir.IndexType.get()
+    return [tensor.DimOp(value, arith.ConstantOp(index, i).result).result if type_.is_dynamic_dim(i) else size
+            for i, size in enumerate(type_.shape)]
+
+
+def _collapse(value, groups: list) -> ir.Value:
+    """`value` with each group of its dimensions merged into one."""
+    type_ = ir.RankedTensorType(value.type)
+    shape = [ir.ShapedType.get_dynamic_size() if any(type_.is_dynamic_dim(d) for d in group)
+             else math.prod(type_.shape[d] for d in group) for group in groups]
+    return tensor.CollapseShapeOp(ir.RankedTensorType.get(shape, type_.element_type), value, groups).result
+
+
+def _expand(value, groups: list, sizes: list) -> ir.Value:
+    """`value` with its dimensions split by `groups` into `sizes` (ints, or index values where dynamic)."""
+    dynamic = [size for size in sizes if isinstance(size, ir.Value)]
+    shape = [ir.ShapedType.get_dynamic_size() if isinstance(size, ir.Value) else size for size in sizes]
+    return tensor.ExpandShapeOp(ir.RankedTensorType.get(shape, _element(value)), value, groups, dynamic, shape).result
+
+
+def _token_rows(x, table, ids, acc) -> ir.Value:
+    """`_fused` on the B*T one-token rows of x [B, T, K], each token with its
+    row's id, into zeros; its [B*T, 1, N] result reshaped to acc's [B, T, N]."""
+    batch, tokens, n = _sizes(acc)
+    flat = _collapse(x, [[0, 1], [2]])
+    rows, k = _sizes(flat)
+    repeated = tensor.EmptyOp([batch, tokens], _element(ids)).result
+    token_ids = _collapse(linalg.broadcast(ids, outs=[repeated], dimensions=[1]).results[0], [[0, 1]])
+    zero = arith.ConstantOp(_element(acc), 0.0).result
+    zeros = linalg.fill(zero, outs=[tensor.EmptyOp([rows, 1, n], _element(acc)).result])
+    product = _fused(_expand(flat, [[0, 1], [2]], [rows, 1, k]), table, token_ids, zeros)
+    return _expand(_collapse(product, [[0, 1], [2]]), [[0, 1], [2]], [batch, tokens, n])
+
+
 def fused_product(op):
     """(x, ids, table) when `op` is a per-row product this rewrite built, else None."""
     if op.name != "linalg.generic":
@@ -98,29 +147,39 @@ def fused_product(op):
     return generic.inputs[0], generic.inputs[1], extracts[0].operands[0]
 
 
-def fuse_gather(op, rewriter) -> bool:
+def fuse_gather(op, rewriter, multi_token: bool = False) -> bool:
     """The pattern on linalg.batch_matmul: True when it does not apply."""
     found = _gather(op.operands[1])
     result = ir.RankedTensorType(op.results[0].type)
+    one_token = not result.is_dynamic_dim(1) and result.shape[1] == 1
     if (found is None or not is_zero_fill(op.operands[2]) or not isinstance(result.element_type, ir.F32Type)
-            or result.is_dynamic_dim(1) or result.shape[1] != 1):
-        return True  # f32 accumulation of any float operands, one token per row
-    gather = op.operands[1].owner
+            or not (one_token or multi_token)):
+        return True  # f32 accumulation of any float operands, one token per row unless multi_token
+    x, gather, acc = op.operands[0], op.operands[1].owner, op.operands[2]
     with rewriter.ip, op.location:
-        fused = _fused(op, *found)
+        fused = _fused(x, *found, acc) if one_token else _token_rows(x, *found, acc)
     rewriter.replace_op(op, [fused])
     if all(len(list(r.uses)) == 0 for r in gather.results):
         rewriter.erase_op(gather)
     return False
 
 
+@dataclasses.dataclass(frozen=True)
+class FuseGathersOptions:
+    """multi_token: also rows of several tokens, as one-token rows (the sm90 target, for its BGMV kernel)."""
+
+    multi_token: bool = False
+
+
 @register("fuse-gathers", "request-time per-row products read their rows' factors from the slot table",
-          context="iree")
+          options=FuseGathersOptions, context="iree")
 def run(module_op, options, stats) -> None:
     from iree.compiler import rewrite
 
+    multi_token = options is not None and options.multi_token  # (RESIDUAL_PIPELINE passes None)
+
     def pattern(op, rewriter):
-        unmatched = fuse_gather(op, rewriter)
+        unmatched = fuse_gather(op, rewriter, multi_token)
         stats["fuse-gathers"] += not unmatched
         return unmatched
 

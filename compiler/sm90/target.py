@@ -2,6 +2,10 @@
 
     attach-hopper-target  the module carries hopper.mlir's Hopper target, which
                           IREE's codegen then compiles for (IREE 3.13 has none)
+    fuse-gathers{multi-token=true}
+                          the per-row products of multi-token rows, which the
+                          common pipeline's fuse-gathers leaves as gather +
+                          batch_matmul, as one-token rows (the BGMV kernel's)
     cse                   the products of one site share their rows' SSA value,
                           which the LoRA pattern needs to see
     use-custom-kernels    hot products → hand-written kernels (kernels.cu); with
@@ -29,13 +33,15 @@ class Sm90Target(Target):
         return cls(options.custom_kernels)
 
     def passes(self) -> list:
+        from stageml.compiler.passes.fuse_gathers import FuseGathersOptions
         from stageml.compiler.sm90.use_custom_kernels import UseCustomKernelsOptions
 
         if self.custom_kernels is False:
             return [("attach-hopper-target", None)]
         lowering = "reference" if self.custom_kernels == "reference" else "dispatch"
         head = [] if lowering == "reference" else [("attach-hopper-target", None)]
-        return head + [("cse", None), ("use-custom-kernels", UseCustomKernelsOptions(lowering=lowering)),
+        return head + [("fuse-gathers", FuseGathersOptions(multi_token=True)), ("cse", None),
+                       ("use-custom-kernels", UseCustomKernelsOptions(lowering=lowering)),
                        ("canonicalize", None), ("cse", None)]
 
     def flags(self, module) -> list:
