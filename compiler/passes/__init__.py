@@ -105,10 +105,12 @@ def run_passes(module, pipeline, stats: collections.Counter | None = None) -> co
     pm = _passmanager(contexts.pop() if contexts else "torch").PassManager("builtin.module", context=module.context)
     failure = []
     for name, options in pipeline:
-        run = lookup(name).run
+        pass_info = lookup(name)
+        run = pass_info.run
         if run is None:
             pm.add(name)
             continue
+        options = pass_info.options() if options is None else options  # None: the pass's defaults
 
         def python_pass(op, pass_, run=run, options=options):
             try:

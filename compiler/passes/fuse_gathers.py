@@ -176,10 +176,8 @@ class FuseGathersOptions:
 def run(module_op, options, stats) -> None:
     from iree.compiler import rewrite
 
-    multi_token = options is not None and options.multi_token  # (RESIDUAL_PIPELINE passes None)
-
     def pattern(op, rewriter):
-        unmatched = fuse_gather(op, rewriter, multi_token)
+        unmatched = fuse_gather(op, rewriter, options.multi_token)
         stats["fuse-gathers"] += not unmatched
         return unmatched
 
