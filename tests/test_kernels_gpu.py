@@ -69,7 +69,8 @@ LORA = ([(M, K, N, kc.RANK, ()) for M, K, N in TIMED] + [(M, K, N, R, ()) for M,
            (66, 64, 64, 4, ("w",)), (0, 64, 64, 4, ())])
 # (B, K, N)
 BGMV = [(1, 4096, 16), (32, 4096, 16), (32, 16, 4096), (7, 40, 72), (3, 8, 8),
-        (2, 4096, 8), (3, 1000, 16), (1, 520, 48)]  # the vector path (N <= 16 strips, K >= 512), ragged K, mixed strips
+        (2, 4096, 8), (3, 1000, 16), (1, 520, 48),  # the vector path (N <= 16 strips, K >= 512), ragged K, mixed strips
+        (70, 4096, 16), (257, 1000, 16), (13, 40, 72)]  # row groups of 4 with a ragged last one
 
 
 def _id(case) -> str:
@@ -171,11 +172,15 @@ def test_lora(kernels, dtype, M, K, N, R, misaligned):
 
 @pytest.mark.parametrize("dtype", kc.DTYPES)
 @pytest.mark.parametrize("B,K,N", BGMV, ids=map(_id, BGMV))
-def test_bgmv(kernels, dtype, B, K, N, slots=5):
-    """Rows of one token, each against its own slot's [K, N] factor."""
+@pytest.mark.parametrize("order", ["random", "segments"])
+def test_bgmv(kernels, dtype, B, K, N, order, slots=5):
+    """Rows of one token, each against its own slot's [K, N] factor; the slots in random
+    order, or in contiguous segments (a prompt's rows), which a block's rows share."""
     x = kc.tensor((B, K), dtype, 1.0)
     table = kc.tensor((slots, K, N), dtype, K ** -0.5)
     ids = torch.randint(0, slots, (B,), device="cuda")
+    if order == "segments":
+        ids = ids.sort().values
     y = torch.full((max(B, 1), N), float("nan"), device="cuda")
     kernels.bgmv(dtype, x, ids, table, y, B, K, N)
     torch.cuda.synchronize()
