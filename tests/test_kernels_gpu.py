@@ -70,7 +70,7 @@ LORA = ([(M, K, N, kc.RANK, ()) for M, K, N in TIMED] + [(M, K, N, R, ()) for M,
 # (B, K, N)
 BGMV = [(1, 4096, 16), (32, 4096, 16), (32, 16, 4096), (7, 40, 72), (3, 8, 8),
         (2, 4096, 8), (3, 1000, 16), (1, 520, 48),  # the vector path (N <= 16 strips, K >= 512), ragged K, mixed strips
-        (70, 4096, 16), (257, 1000, 16), (13, 40, 72)]  # row groups of 4 with a ragged last one
+        (70, 4096, 16), (257, 1000, 16), (13, 40, 72)]  # more rows
 
 
 def _id(case) -> str:
@@ -175,7 +175,7 @@ def test_lora(kernels, dtype, M, K, N, R, misaligned):
 @pytest.mark.parametrize("order", ["random", "segments"])
 def test_bgmv(kernels, dtype, B, K, N, order, slots=5):
     """Rows of one token, each against its own slot's [K, N] factor; the slots in random
-    order, or in contiguous segments (a prompt's rows), which a block's rows share."""
+    order, or in contiguous segments (a prompt's rows)."""
     x = kc.tensor((B, K), dtype, 1.0)
     table = kc.tensor((slots, K, N), dtype, K ** -0.5)
     ids = torch.randint(0, slots, (B,), device="cuda")

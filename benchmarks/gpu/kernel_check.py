@@ -38,7 +38,7 @@ DTYPES_NAME = {v: k for k, v in DTYPES.items()}
 STREAM_MAX_M, STREAM_COLS, TILE = 64, 32, 64  # kernels.cu's grid constants
 STRIP, TILE_W = 8, 64  # w's tile layout [N/64][K/64][8][64][8]: 64x64 tiles of 8-column strips
 WG_COLS, WG_SPLIT, WG_TOKENS, WG_SMEM = 64, 2, 256, 197632  # stageml_gemm_wgmma's grid and shared memory
-BGMV_ROWS, BGMV_SPLIT = 4, 8  # stageml_bgmv's rows per block and k-chunks (its cluster along z)
+BGMV_SPLIT = 8  # stageml_bgmv's k-chunks: its cluster along z
 THREADS = (256, 1, 1)
 SCALE = 0.5
 RANK = 16  # timed LoRA rank
@@ -86,7 +86,7 @@ class Kernels:
 
     def bgmv(self, dtype: str, x, ids, table, y, B: int, K: int, N: int) -> None:
         self._launch(f"stageml_bgmv_{dtype}", (x, ids, table, y), B, N, [B, K, N],
-                     ((N + STREAM_COLS - 1) // STREAM_COLS, math.ceil(max(B, 1) / BGMV_ROWS), BGMV_SPLIT))
+                     ((N + STREAM_COLS - 1) // STREAM_COLS, max(B, 1), BGMV_SPLIT))
 
     def _launch(self, name: str, buffers, M: int, N: int, constants: list, blocks=None, smem: int = 0) -> None:
         args = tuple(np.uint64(t.data_ptr()) for t in buffers) + tuple(np.uint32(c) for c in constants)

@@ -44,8 +44,7 @@
   #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>,
   #hal.pipeline.binding<storage_buffer>]>
 // x[B,K] (rows of one token), ids[B], table[S,K,N] → y[B,N] (f32), row b by
-// table[ids[b]]; constants B, K, N. Grid: 32 columns by 4 rows by the 8 k-chunks
-// of a cluster (kernels.cu's kBgmvRows, kBgmvSplit).
+// table[ids[b]]; constants B, K, N.
 #bgmv = #hal.pipeline.layout<constants = 3, bindings = [
   #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>,
   #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer>]>
@@ -119,11 +118,9 @@ module attributes {hal.device.targets = [#hal.device.target<"cuda", [#sm90]> : !
         count(%device: !hal.device, %b: index, %n: index) -> (index, index, index) {
       %c1 = arith.constant 1 : index
       %cols = arith.constant 32 : index
-      %rows = arith.constant 4 : index
       %split = arith.constant 8 : index
       %x = arith.ceildivui %n, %cols : index
-      %b1 = arith.maxui %b, %c1 : index
-      %y = arith.ceildivui %b1, %rows : index
+      %y = arith.maxui %b, %c1 : index
       hal.return %x, %y, %split : index, index, index
     } <workgroup_size = [256 : index, 1 : index, 1 : index]>
 
@@ -131,11 +128,9 @@ module attributes {hal.device.targets = [#hal.device.target<"cuda", [#sm90]> : !
         count(%device: !hal.device, %b: index, %n: index) -> (index, index, index) {
       %c1 = arith.constant 1 : index
       %cols = arith.constant 32 : index
-      %rows = arith.constant 4 : index
       %split = arith.constant 8 : index
       %x = arith.ceildivui %n, %cols : index
-      %b1 = arith.maxui %b, %c1 : index
-      %y = arith.ceildivui %b1, %rows : index
+      %y = arith.maxui %b, %c1 : index
       hal.return %x, %y, %split : index, index, index
     } <workgroup_size = [256 : index, 1 : index, 1 : index]>
 

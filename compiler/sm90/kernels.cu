@@ -639,139 +639,101 @@ __device__ __forceinline__ void run(const T* x, const T* w, const T* a, const T*
     tile_path<T, LORA>(x, w, a, b, y, M, K, N, R, scale, smem);
 }
 
-// ---- BGMV (stageml_bgmv) ------------------------------------------------------
-
-constexpr int kBgmvRows = 4;   // rows a block takes: rows of one slot share each load of its factor
-constexpr int kBgmvSplit = 8;  // blocks a cluster splits K across
-
-// The rows `mask` picks of a block's kBgmvRows (x rows `xb`, `ldx` apart), each against the
-// same `width` <= 32 columns of one factor `t` ([K, N] row-major) over K k-rows, into
-// out[r][0 .. width) (shared): 32 columns x 8 k-lanes, the k-lanes summed in shared memory.
+// One row's strip of `width` <= 32 columns over K k-rows, into out[0 .. width) (shared):
+// 32 columns x 8 k-lanes, the k-lanes summed in shared memory.
 template <typename T>
-__device__ __forceinline__ void bgmv_scalar(const T* xb, int ldx, unsigned mask, const T* t, float (*out)[32],
-                                            int K, int N, int width) {
+__device__ __forceinline__ void bgmv_scalar(const T* xb, const T* t, float* out, int K, int N, int width) {
   __shared__ float part[8][32];
   const int col = threadIdx.x & 31, lane_k = threadIdx.x >> 5;
-  float acc[kBgmvRows] = {};
+  float acc = 0.f;
   if (col < width) {
-#pragma unroll 4
-    for (int k = lane_k; k < K; k += 8) {
-      const float f = to_f32(t[static_cast<size_t>(k) * N + col]);
-#pragma unroll
-      for (int r = 0; r < kBgmvRows; ++r)
-        if (mask >> r & 1) acc[r] = fmaf(to_f32(xb[static_cast<size_t>(r) * ldx + k]), f, acc[r]);
-    }
+#pragma unroll 8
+    for (int k = lane_k; k < K; k += 8) acc = fmaf(to_f32(xb[k]), to_f32(t[static_cast<size_t>(k) * N + col]), acc);
   }
+  part[lane_k][col] = acc;
+  __syncthreads();
+  if (lane_k == 0 && col < width) {
+    float sum = 0.f;
 #pragma unroll
-  for (int r = 0; r < kBgmvRows; ++r) {
-    if (!(mask >> r & 1)) continue;
-    part[lane_k][col] = acc[r];
-    __syncthreads();
-    if (lane_k == 0 && col < width) {
-      float sum = 0.f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) sum += part[i][col];
-      out[r][col] = sum;
-    }
-    __syncthreads();
+    for (int i = 0; i < 8; ++i) sum += part[i][col];
+    out[col] = sum;
   }
 }
 
-// The same for a strip of `width` (8 or 16) columns, N % 8 == 0, t 16-byte aligned: each
-// thread reads 16-byte vectors (8 columns) of k-rows lane, lane + L, ... (L = 256 / (width / 8)
-// k-lanes), four loads in flight, and keeps 8 column sums per row; the k-lanes are summed in
-// shared memory. (The scalar path keeps 8 k-rows of 2-byte loads in flight per block and is
-// latency-bound on such a strip.)
+// One row's strip of `width` (8 or 16) columns, N % 8 == 0, t 16-byte aligned:
+// each thread reads 16-byte vectors (8 columns) of k-rows lane, lane + L, ...
+// (L = 256 / (width / 8) k-lanes), four loads in flight, and keeps 8 column sums;
+// the k-lanes are summed in shared memory. (The scalar path keeps 8 k-rows of
+// 2-byte loads in flight per block and is latency-bound on such a strip.)
 template <typename T>
-__device__ __forceinline__ void bgmv_vector(const T* xb, int ldx, unsigned mask, const T* t, float (*out)[32],
-                                            int K, int N, int width) {
+__device__ __forceinline__ void bgmv_vector(const T* xb, const T* t, float* out, int K, int N, int width) {
   __shared__ float part[kThreads * 8];
   const int groups = width / 8, lanes = kThreads / groups;
   const int group = threadIdx.x % groups, lane = threadIdx.x / groups;
-  float acc[kBgmvRows][8] = {};
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   const T* tg = t + 8 * group;
-  const auto fma_rows = [&](uint4 v, int k) {
-    float f[8];
-    unpack8<T>(v, f);
-#pragma unroll
-    for (int r = 0; r < kBgmvRows; ++r) {
-      if (!(mask >> r & 1)) continue;
-      const float xv = to_f32(xb[static_cast<size_t>(r) * ldx + k]);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc[r][j] = fmaf(xv, f[j], acc[r][j]);
-    }
-  };
   int k = lane;
   for (; k + 3 * lanes < K; k += 4 * lanes) {
     uint4 v[4];
+    float xv[4];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) v[u] = __ldg(reinterpret_cast<const uint4*>(tg + static_cast<size_t>(k + u * lanes) * N));
-#pragma unroll
-    for (int u = 0; u < 4; ++u) fma_rows(v[u], k + u * lanes);
-  }
-  for (; k < K; k += lanes) fma_rows(__ldg(reinterpret_cast<const uint4*>(tg + static_cast<size_t>(k) * N)), k);
-#pragma unroll
-  for (int r = 0; r < kBgmvRows; ++r) {
-    if (!(mask >> r & 1)) continue;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) part[threadIdx.x * 8 + j] = acc[r][j];
-    __syncthreads();
-    if (threadIdx.x < width) {
-      const int g = threadIdx.x / 8, j = threadIdx.x % 8;
-      float sum = 0.f;
-      for (int l = 0; l < lanes; ++l) sum += part[(l * groups + g) * 8 + j];
-      out[r][threadIdx.x] = sum;
+    for (int u = 0; u < 4; ++u) {
+      v[u] = __ldg(reinterpret_cast<const uint4*>(tg + static_cast<size_t>(k + u * lanes) * N));
+      xv[u] = to_f32(xb[k + u * lanes]);
     }
-    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      float f[8];
+      unpack8<T>(v[u], f);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] = fmaf(xv[u], f[j], acc[j]);
+    }
+  }
+  for (; k < K; k += lanes) {
+    float f[8];
+    unpack8<T>(__ldg(reinterpret_cast<const uint4*>(tg + static_cast<size_t>(k) * N)), f);
+    const float xv = to_f32(xb[k]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] = fmaf(xv, f[j], acc[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) part[threadIdx.x * 8 + j] = acc[j];
+  __syncthreads();
+  if (threadIdx.x < width) {
+    const int g = threadIdx.x / 8, j = threadIdx.x % 8;
+    float sum = 0.f;
+    for (int l = 0; l < lanes; ++l) sum += part[(l * groups + g) * 8 + j];
+    out[threadIdx.x] = sum;
   }
 }
 
-// Gathered rows: y[b, n] = sum_k x[b, k] * table[ids[b], k, n] in f32. A cluster of kBgmvSplit
-// blocks takes a column strip of kBgmvRows rows, block z of it the z-th of kBgmvSplit k-chunks
-// (a LoRA shrink, N = rank and K = in_features, would otherwise stream its whole factor through
-// one SM); the chunks' sums are added by block 0 in a fixed order. A block reads each distinct
-// slot's factor once for all its rows of that slot (rows of one tenant's prompt are contiguous).
-// A narrow strip with a long k loop, in whole 16-byte vectors, takes the vector path; any other
-// the scalar one.
+// Gathered rows: y[b, n] = sum_k x[b, k] * table[ids[b], k, n] in f32; a cluster of kBgmvSplit
+// blocks (column strip, row b), block z of it over the z-th of kBgmvSplit k-chunks, the chunks'
+// sums added by block 0 in a fixed order (a LoRA shrink, N = rank and K = in_features, would
+// otherwise stream its whole factor through one SM). A narrow strip with a long k loop, in
+// whole 16-byte vectors, takes the vector path; any other the scalar one.
+constexpr int kBgmvSplit = 8;
 template <typename T>
 __device__ __forceinline__ void bgmv(const T* x, const int64_t* ids, const T* table, float* y, int B, int K,
                                      int N) {
-  __shared__ float out[kBgmvRows][32];
-  const int b0 = blockIdx.y * kBgmvRows, n0 = blockIdx.x * 32, width = min(32, N - n0);
-  if (b0 >= B) return;  // the whole cluster: it shares b0
-  const int rows = min(kBgmvRows, B - b0);
-  int64_t id[kBgmvRows];
-#pragma unroll
-  for (int r = 0; r < kBgmvRows; ++r) id[r] = r < rows ? ids[b0 + r] : -1;
+  __shared__ float out[32];
+  const int b = blockIdx.y, n0 = blockIdx.x * 32, width = min(32, N - n0);
+  if (b >= B) return;  // the whole cluster: it shares b
   const uint32_t rank = cluster_rank();
   const int chunk = (K + kBgmvSplit - 1) / kBgmvSplit, k0 = min(K, static_cast<int>(rank) * chunk);
   const int kn = min(K - k0, chunk);
-  const bool vector = width <= 16 && N % 8 == 0 && K >= 512 && (reinterpret_cast<uintptr_t>(table) & 15) == 0;
-  unsigned done = 0;
-  for (int lead = 0; lead < rows; ++lead) {
-    if (done >> lead & 1) continue;
-    int64_t slot = id[0];  // id[lead], kept in registers
-#pragma unroll
-    for (int r = 1; r < kBgmvRows; ++r) slot = r == lead ? id[r] : slot;
-    unsigned mask = 0;
-#pragma unroll
-    for (int r = 0; r < kBgmvRows; ++r) mask |= static_cast<unsigned>(r < rows && id[r] == slot) << r;
-    done |= mask;
-    const T* t = table + (static_cast<size_t>(slot) * K + k0) * N + n0;
-    const T* xb = x + static_cast<size_t>(b0) * K + k0;
-    if (vector)
-      bgmv_vector(xb, K, mask, t, out, kn, N, width);
-    else
-      bgmv_scalar(xb, K, mask, t, out, kn, N, width);
-  }
+  const T* t = table + (static_cast<size_t>(ids[b]) * K + k0) * N + n0;
+  const T* xb = x + static_cast<size_t>(b) * K + k0;
+  if (width <= 16 && N % 8 == 0 && K >= 512 && (reinterpret_cast<uintptr_t>(table) & 15) == 0)
+    bgmv_vector(xb, t, out, kn, N, width);
+  else
+    bgmv_scalar(xb, t, out, kn, N, width);
   cluster_sync();  // every chunk's sums are in
-  if (rank == 0)
-    for (int e = threadIdx.x; e < rows * width; e += kThreads) {
-      const int r = e / width, c = e % width;
-      float sum = 0.f;
-      for (uint32_t src = 0; src < kBgmvSplit; ++src) sum += ld_cluster1(&out[r][c], src);
-      y[static_cast<size_t>(b0 + r) * N + n0 + c] = sum;
-    }
+  if (rank == 0 && threadIdx.x < width) {
+    float sum = 0.f;
+    for (uint32_t r = 0; r < kBgmvSplit; ++r) sum += ld_cluster1(out + threadIdx.x, r);
+    y[static_cast<size_t>(b) * N + n0 + threadIdx.x] = sum;
+  }
   cluster_sync();  // no block leaves while block 0 reads its shared memory
 }
 
