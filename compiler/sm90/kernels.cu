@@ -663,11 +663,12 @@ __device__ __forceinline__ void bgmv_scalar(const T* xb, const T* t, float* out,
 // One row's strip of `width` (8 or 16) columns, N % 8 == 0, t 16-byte aligned:
 // each thread reads 16-byte vectors (8 columns) of k-rows lane, lane + L, ...
 // (L = 256 / (width / 8) k-lanes), four loads in flight, and keeps 8 column sums;
-// the k-lanes are summed in shared memory. (The scalar path keeps 8 k-rows of
-// 2-byte loads in flight per block and is latency-bound on such a strip.)
+// the k-lanes are summed by shuffles within each warp, then the 8 warps' sums in
+// shared memory. (The scalar path keeps 8 k-rows of 2-byte loads in flight per
+// block and is latency-bound on such a strip.)
 template <typename T>
 __device__ __forceinline__ void bgmv_vector(const T* xb, const T* t, float* out, int K, int N, int width) {
-  __shared__ float part[kThreads * 8];
+  __shared__ float part[kThreads / 32][16];
   const int groups = width / 8, lanes = kThreads / groups;
   const int group = threadIdx.x % groups, lane = threadIdx.x / groups;
   float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -696,13 +697,18 @@ __device__ __forceinline__ void bgmv_vector(const T* xb, const T* t, float* out,
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[j] = fmaf(xv, f[j], acc[j]);
   }
+  for (int offset = groups; offset < 32; offset *= 2)  // the warp's lanes of this thread's group
 #pragma unroll
-  for (int j = 0; j < 8; ++j) part[threadIdx.x * 8 + j] = acc[j];
+    for (int j = 0; j < 8; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], offset);
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 < groups)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) part[warp][8 * group + j] = acc[j];
   __syncthreads();
   if (threadIdx.x < width) {
-    const int g = threadIdx.x / 8, j = threadIdx.x % 8;
     float sum = 0.f;
-    for (int l = 0; l < lanes; ++l) sum += part[(l * groups + g) * 8 + j];
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) sum += part[w][threadIdx.x];
     out[threadIdx.x] = sum;
   }
 }
