@@ -262,38 +262,23 @@ def test_sm90_bgmv_rewrite_matches_peft_on_the_cpu(tmp_path):
     assert rel_err(mod.run_batch(x, ["a", None, "a", "a"]), expected) <= 2e-3
 
 
-def test_sm90_gemm_expand_rewrite_matches_peft_on_the_cpu(tmp_path):
-    """A multi-tenant site whose base product takes the fused kernel (K = N = 256),
-    with its CPU reference, against PEFT: rows of two adapters (ranks 8 and 4)
-    and of the base model in one batch."""
+@pytest.mark.parametrize("tokens", [None, 5], ids=["one-token", "multi-token"])
+def test_sm90_tenant_rewrites_match_peft_on_the_cpu(tmp_path, tokens):
+    """A multi-tenant site with the kernels' CPU references, against PEFT: rows of
+    two adapters (ranks 8 and 4) and of the base model in one batch. Rows of one
+    token: the base product takes the fused expand (K = N = 256); rows of 5: both
+    per-row products are BGMVs of their tokens."""
     seed = torch.seed()
     print(f"seed {seed}")
     models = {"a": _tenant_model(seed % 2 ** 31), "b": _tenant_model(seed % 2 ** 31 + 1, rank=4)}
-    art = stageml.compile(models["a"], (torch.randn(3, 256).half(),), dynamic_shapes=ROWS, target="sm90",
-                          max_adapters=3, max_rank=8, custom_kernels="reference")
-    assert art.report.custom_kernels == TENANT_KERNELS
-    mod = art.load(str(tmp_path / "expand.vmfb"), policy="factorized")
+    row = (256,) if tokens is None else (tokens, 256)
+    art = stageml.compile(models["a"], (torch.randn(3, *row).half(),), target="sm90", max_adapters=3, max_rank=8,
+                          dynamic_shapes=ROWS if tokens is None else TOKEN_ROWS, custom_kernels="reference")
+    assert art.report.custom_kernels == (TENANT_KERNELS if tokens is None else MULTI_TOKEN_KERNELS)
+    mod = art.load(str(tmp_path / "tenants.vmfb"), policy="factorized")
     for name, model in models.items():
         mod.load_adapter(name, {k: v for k, v in model.state_dict().items() if "lora_" in k},
                          config=model.peft_config["default"])
     names = ["a", None, "b", "a", None, "b", "b"]
-    x = torch.randn(len(names), 256).half()
-    assert rel_err(mod.run_batch(x, names), _peft_rows(models, names, x)) <= 2e-3
-
-
-def test_sm90_multi_token_bgmv_rewrite_matches_peft_on_the_cpu(tmp_path):
-    """Rows of 5 tokens, with the kernels' CPU references, against PEFT: rows
-    of two adapters (ranks 8 and 4) and of the base model in one batch."""
-    seed = torch.seed()
-    print(f"seed {seed}")
-    models = {"a": _tenant_model(seed % 2 ** 31), "b": _tenant_model(seed % 2 ** 31 + 1, rank=4)}
-    art = stageml.compile(models["a"], (torch.randn(3, 5, 256).half(),), dynamic_shapes=TOKEN_ROWS, target="sm90",
-                          max_adapters=3, max_rank=8, custom_kernels="reference")
-    assert art.report.custom_kernels == MULTI_TOKEN_KERNELS
-    mod = art.load(str(tmp_path / "tokens.vmfb"), policy="factorized")
-    for name, model in models.items():
-        mod.load_adapter(name, {k: v for k, v in model.state_dict().items() if "lora_" in k},
-                         config=model.peft_config["default"])
-    names = ["a", None, "b", "a"]
-    x = torch.randn(len(names), 5, 256).half()
+    x = torch.randn(len(names), *row).half()
     assert rel_err(mod.run_batch(x, names), _peft_rows(models, names, x)) <= 2e-3
