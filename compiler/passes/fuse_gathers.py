@@ -97,7 +97,7 @@ def _fused(x, table, ids, acc) -> ir.Value:
     return generic.results[0]
 
 
-def _sizes(value) -> list:
+def dims_of(value) -> list:
     """`value`'s dimensions: ints where static, tensor.dim values where dynamic."""
     type_, index = ir.RankedTensorType(value.type), ir.IndexType.get()
     return [tensor.DimOp(value, arith.ConstantOp(index, i).result).result if type_.is_dynamic_dim(i) else size
@@ -112,7 +112,7 @@ def _collapse(value, groups: list) -> ir.Value:
     return tensor.CollapseShapeOp(ir.RankedTensorType.get(shape, type_.element_type), value, groups).result
 
 
-def _expand(value, groups: list, sizes: list) -> ir.Value:
+def expanded(value, groups: list, sizes: list) -> ir.Value:
     """`value` with its dimensions split by `groups` into `sizes` (ints, or index values where dynamic)."""
     dynamic = [size for size in sizes if isinstance(size, ir.Value)]
     shape = [ir.ShapedType.get_dynamic_size() if isinstance(size, ir.Value) else size for size in sizes]
@@ -122,15 +122,15 @@ def _expand(value, groups: list, sizes: list) -> ir.Value:
 def _token_rows(x, table, ids, acc) -> ir.Value:
     """`_fused` on the B*T one-token rows of x [B, T, K], each token with its
     row's id, into zeros; its [B*T, 1, N] result reshaped to acc's [B, T, N]."""
-    batch, tokens, n = _sizes(acc)
+    batch, tokens, n = dims_of(acc)
     flat = _collapse(x, [[0, 1], [2]])
-    rows, k = _sizes(flat)
+    rows, k = dims_of(flat)
     repeated = tensor.EmptyOp([batch, tokens], _element(ids)).result
     token_ids = _collapse(linalg.broadcast(ids, outs=[repeated], dimensions=[1]).results[0], [[0, 1]])
     zero = arith.ConstantOp(_element(acc), 0.0).result
     zeros = linalg.fill(zero, outs=[tensor.EmptyOp([rows, 1, n], _element(acc)).result])
-    product = _fused(_expand(flat, [[0, 1], [2]], [rows, 1, k]), table, token_ids, zeros)
-    return _expand(_collapse(product, [[0, 1], [2]]), [[0, 1], [2]], [batch, tokens, n])
+    product = _fused(expanded(flat, [[0, 1], [2]], [rows, 1, k]), table, token_ids, zeros)
+    return expanded(_collapse(product, [[0, 1], [2]]), [[0, 1], [2]], [batch, tokens, n])
 
 
 def fused_product(op):

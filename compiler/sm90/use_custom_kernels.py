@@ -35,10 +35,13 @@ kernels that read w in tiles (all but BGMV), K and N static multiples of 64:
     %y = linalg.generic {arith.addf} ins(GEMM(%x, %w), tensor.collapse_shape(%l16))
   → %y = flow.dispatch @stageml_sm90::@stageml_gemm_expand_T[%M, %N](%x, %s, %t, %ids, %b, M, K, N, R, rows)
     (rows: the ids' count; the kernel adds t @ b[ids[m]] to each row's product
-    in its epilogue). The kernel reads t in f32 and rounds y once, where the
-    input rounds t, l and y to T: its result is the more accurate one, and
-    differs from the input's by those roundings. The shrink producing t stays
-    (a BGMV of its own).
+    in its epilogue). On rows of T tokens (fuse-gathers{multi-token}: the
+    per-row products on the B*T token rows) the products reach the add
+    [B, T, N] through reshapes of their rows; the kernel then computes the
+    [B*T, N] token rows, reshaped to [B, T, N]. The kernel reads t in f32
+    and rounds y once, where the input rounds t, l and y to T: its result is
+    the more accurate one, and differs from the input's by those roundings.
+    The shrink producing t stays (a BGMV of its own).
 
   lowering=reference: each `flow.dispatch @stageml_sm90::@K(operands)` above
   is instead
@@ -89,7 +92,7 @@ from iree.compiler.dialects import arith, flow, func as func_d, tensor, linalg
 
 from stageml.compiler import facts
 from stageml.compiler.passes import register
-from stageml.compiler.passes.fuse_gathers import fused_product
+from stageml.compiler.passes.fuse_gathers import dims_of, expanded, fused_product
 from stageml.compiler.residual_ir import defining_op, is_zero_fill, retype
 from stageml.compiler.sm90 import EXECUTABLE, HOPPER
 from stageml.errors import CompileError
@@ -126,6 +129,8 @@ class _Match:
     operands: list       # tensors, in the kernel's binding order
     constants: list      # i32 push constants after the row count: ints, or a tensor for its row count
     weight: int | None = 1  # the operand read in tiles, if any
+    rows: ir.Value | None = None  # a site reached through reshapes of its rows: the [M, K] x whose rows
+                                  # the kernel computes, its [M, N] result then reshaped to the root's
 
 
 # -- matching -------------------------------------------------------------------
@@ -271,29 +276,54 @@ def _one_token(value, n) -> bool:
     return ir.RankedTensorType(value.type).shape[1:] == [1, n]
 
 
+_RESHAPES = ("tensor.collapse_shape", "tensor.expand_shape", "tensor.reshape")
+
+
+def _unreshaped(value):
+    """The value `value` reshapes, through reshapes that keep its last dimension
+    (so only regroup its rows, in row-major order) and whose results have one
+    use besides queries of their sizes, else `value`."""
+    last = ir.RankedTensorType(value.type).shape[-1]
+    while True:
+        op = defining_op(value)
+        if (op is None or op.name not in _RESHAPES
+                or len([u for u in value.uses if u.owner.operation.name != "tensor.dim"]) != 1):
+            return value
+        source = op.operands[0]
+        source_type = ir.RankedTensorType(source.type)
+        if source_type.is_dynamic_dim(source_type.rank - 1) or source_type.shape[-1] != last:
+            return value
+        value = source
+
+
 def _expand_of(base, adapted) -> _Match | None:
     """`base` + `adapted` as a multi-tenant site's base product and its LoRA
-    expand (the per-row product of its rounded shrink t), else None."""
-    base_found = _product(base)
-    if (base_found is None or not _fits("stageml_gemm_expand", *base_found) or not _one_use(base)
+    expand (the per-row product of its rounded shrink t), else None. Rows of
+    several tokens reach the add through reshapes of the products' rows
+    (fuse-gathers{multi-token}); the kernel then computes the token rows."""
+    flat = _unreshaped(base)
+    base_found = _product(flat)
+    if (base_found is None or not _fits("stageml_gemm_expand", *base_found) or not _one_use(flat)
             or not _one_use(adapted)):
         return None
     x, w = base_found
     (k, n), element = ir.RankedTensorType(w.type).shape, ir.RankedTensorType(x.type).element_type
-    collapse = defining_op(adapted)
-    if collapse is None or collapse.name != "tensor.collapse_shape" or not _one_token(collapse.operands[0], n):
-        return None
-    low_rank = _rounded(collapse.operands[0], element)
-    product = None if low_rank is None or not _one_use(low_rank) else defining_op(low_rank)
+    low_rank = _rounded(_unreshaped(adapted), element)  # one token: collapse(truncf(l)); several: truncf(reshapes of l)
+    low_rank = None if low_rank is None else _unreshaped(low_rank)
+    product = None if low_rank is None or not _one_use(low_rank) or not _one_token(low_rank, n) \
+        else defining_op(low_rank)
     expand = None if product is None else _bgmv(product)
     if expand is None:
         return None
     t16, ids, table = expand.operands
-    (_, rank, n_table), t = ir.RankedTensorType(table.type).shape, _rounded(t16, element)
+    (_, rank, n_table), t = ir.RankedTensorType(table.type).shape, _rounded(_unreshaped(t16), element)
+    t = None if t is None else _unreshaped(t)
     if (t is None or not isinstance(ir.RankedTensorType(t.type).element_type, ir.F32Type)
             or not _one_token(t, rank) or rank < 1 or n_table != n):
         return None
-    return _Match("stageml_gemm_expand", [x, w, t, ids, table], [k, n, rank, ids])
+    if flat is not base and ir.RankedTensorType(base.type).rank != 3:
+        return None  # (rows of several tokens: [B, T, N])
+    return _Match("stageml_gemm_expand", [x, w, t, ids, table], [k, n, rank, ids], rows=None if flat is base else x)
 
 
 def _expand(op) -> _Match | None:
@@ -308,14 +338,15 @@ def _site_of(value):
     A site's products reach its add through single uses: the base directly;
     a LoRA site's x@A through its scaling, x@A@B's matmul, truncf and
     scaling; a multi-tenant site's expand through its truncf and the
-    collapse of the unit dimension. A multi-tenant site's shrink, which its
+    collapse of the unit dimension (its products, on rows of several tokens,
+    also through the reshapes of their rows). A multi-tenant site's shrink, which its
     rewrite keeps, is no part of it: the walk from it stops at the expand,
     a per-row product, not an elementwise op."""
     for _ in range(6):
         if not _one_use(value):
             return None
         user = list(value.uses)[0].owner.operation
-        if (user.name not in ("linalg.matmul", "tensor.collapse_shape") and _pointwise(user) is None) \
+        if (user.name not in ("linalg.matmul", *_RESHAPES) and _pointwise(user) is None) \
                 or len(user.results) != 1:
             return None
         if _elementwise(user.results[0], ["arith.addf", "linalg.yield"]) is not None:
@@ -407,9 +438,12 @@ def _push(constant) -> ir.Value:
 def _kernel_call(match: _Match, root, lowering: str, references: dict) -> ir.Value:
     """The kernel's result for `root` (a linalg.generic), at the current insertion
     point: workload (rows, N), push constants (rows, *match.constants) as i32."""
-    out = root.opview.outputs[0]
+    out = root.opview.outputs[0] if match.rows is None else match.rows
     result_type, index, i32 = (ir.RankedTensorType(root.results[0].type), ir.IndexType.get(),
                                ir.IntegerType.get_signless(32))
+    if match.rows is not None:  # the kernel's [M, N] rows, reshaped to the root's at the end
+        result_type = ir.RankedTensorType.get([ir.RankedTensorType(out.type).shape[0], result_type.shape[-1]],
+                                              result_type.element_type)
     result_dims = _dynamic_dims(out)
     rows = _rows(out, result_dims)
     pushed = [arith.IndexCastOp(i32, rows).result] + [_push(c) for c in match.constants]
@@ -487,6 +521,8 @@ class _Rewriter:
             self._reference(f"{found.kernel}_{ir.RankedTensorType(found.operands[0].type).element_type}")
         with rewriter.ip, root.location:
             result = _kernel_call(found, root, self.lowering, self.references)
+            if found.rows is not None:
+                result = expanded(result, [[0, 1], [2]], dims_of(root.opview.outputs[0]))
         rewriter.replace_op(root, [result])
         self.counts[found.kernel] = self.counts.get(found.kernel, 0) + 1
         return False

@@ -515,6 +515,98 @@ module {
     return %y : tensor<?x512xf16>
   }
 
+  // The same site on rows of T tokens (fuse-gathers{multi-token}'s form): the
+  // per-row products take the B*T token rows, each with its row's slot (%tids),
+  // and reach the add [B, T, N] through reshapes of their rows, as does the
+  // base product. The expand kernel computes the token rows; its [B*T, N]
+  // result is reshaped to [B, T, N].
+  // CHECK-LABEL: func.func @forward_tenant_tokens
+  // CHECK:         %[[XF:.+]] = tensor.collapse_shape %arg0 {{\[}}[0, 1], [2]]
+  // CHECK:         %[[T:.+]] = flow.dispatch @stageml_sm90::@stageml_bgmv_f16[{{.+}}](%{{.+}}, %arg1, %arg2, {{.+}}) : {{.+}} -> tensor<?x1x8xf32>
+  // CHECK:         %[[Y:.+]] = flow.dispatch @stageml_sm90::@stageml_gemm_expand_f16[{{.+}}](%[[XF]], %{{.+}}, %[[T]], %arg1, %arg3, {{.+}}) : {{.+}} -> tensor<?x512xf16>
+  // CHECK-NOT:     linalg.generic
+  // CHECK:         %[[Y3:.+]] = tensor.expand_shape %[[Y]] {{\[}}[0, 1], [2]] output_shape [%{{.+}}, %{{.+}}, 512] : tensor<?x512xf16> into tensor<?x?x512xf16>
+  // CHECK:         return %[[Y3]]
+  // REF-LABEL: func.func @forward_tenant_tokens
+  // REF:         call @stageml_bgmv_f16_reference(
+  // REF:         call @stageml_gemm_expand_f16_reference(
+  // REF-NOT:     linalg.generic
+  // REF:         tensor.expand_shape
+  // REF:         return
+  func.func @forward_tenant_tokens(%x: tensor<?x?x256xf16>, %tids: tensor<?xi64>, %a: tensor<5x256x8xf16> {bt.kind = "resident"}, %b: tensor<5x8x512xf16> {bt.kind = "resident"}) -> tensor<?x?x512xf16> attributes {bt.stage = "dynamic", bt.program = "factorized"} {
+    %c0 = arith.constant 0 : index
+    %c1 = arith.constant 1 : index
+    %zero = arith.constant 0.0 : f32
+    %w = util.global.load @w : tensor<256x512xf16>
+    %bs = tensor.dim %x, %c0 : tensor<?x?x256xf16>
+    %ts = tensor.dim %x, %c1 : tensor<?x?x256xf16>
+    %xf = tensor.collapse_shape %x [[0, 1], [2]] : tensor<?x?x256xf16> into tensor<?x256xf16>
+    %m = tensor.dim %xf, %c0 : tensor<?x256xf16>
+    %e = tensor.empty(%m) : tensor<?x512xf32>
+    %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<?x512xf32>) -> tensor<?x512xf32>
+    %p = linalg.matmul ins(%xf, %w : tensor<?x256xf16>, tensor<256x512xf16>) outs(%acc : tensor<?x512xf32>) -> tensor<?x512xf32>
+    %e16 = tensor.empty(%m) : tensor<?x512xf16>
+    %base = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%p : tensor<?x512xf32>) outs(%e16 : tensor<?x512xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %r = arith.truncf %in : f32 to f16
+      linalg.yield %r : f16
+    } -> tensor<?x512xf16>
+    %base3 = tensor.expand_shape %base [[0, 1], [2]] output_shape [%bs, %ts, 512] : tensor<?x512xf16> into tensor<?x?x512xf16>
+    %x3 = tensor.expand_shape %xf [[0, 1], [2]] output_shape [%m, 1, 256] : tensor<?x256xf16> into tensor<?x1x256xf16>
+    %te = tensor.empty(%m) : tensor<?x1x8xf32>
+    %tacc = linalg.fill ins(%zero : f32) outs(%te : tensor<?x1x8xf32>) -> tensor<?x1x8xf32>
+    %t = linalg.generic {indexing_maps = [affine_map<(b, m, n, k) -> (b, m, k)>, affine_map<(b, m, n, k) -> (b)>, affine_map<(b, m, n, k) -> (b, m, n)>], iterator_types = ["parallel", "parallel", "parallel", "reduction"]} ins(%x3, %tids : tensor<?x1x256xf16>, tensor<?xi64>) outs(%tacc : tensor<?x1x8xf32>) {
+    ^bb0(%in: f16, %id: i64, %out: f32):
+      %slot = arith.index_cast %id : i64 to index
+      %n = linalg.index 2 : index
+      %k = linalg.index 3 : index
+      %v = tensor.extract %a[%slot, %k, %n] : tensor<5x256x8xf16>
+      %vf = arith.extf %v : f16 to f32
+      %xf1 = arith.extf %in : f16 to f32
+      %pr = arith.mulf %xf1, %vf : f32
+      %s = arith.addf %out, %pr : f32
+      linalg.yield %s : f32
+    } -> tensor<?x1x8xf32>
+    %t2 = tensor.collapse_shape %t [[0, 1], [2]] : tensor<?x1x8xf32> into tensor<?x8xf32>
+    %t3 = tensor.expand_shape %t2 [[0, 1], [2]] output_shape [%bs, %ts, 8] : tensor<?x8xf32> into tensor<?x?x8xf32>
+    %te16 = tensor.empty(%bs, %ts) : tensor<?x?x8xf16>
+    %t16 = linalg.generic {indexing_maps = [#rows, #rows], iterator_types = ["parallel", "parallel", "parallel"]} ins(%t3 : tensor<?x?x8xf32>) outs(%te16 : tensor<?x?x8xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %r = arith.truncf %in : f32 to f16
+      linalg.yield %r : f16
+    } -> tensor<?x?x8xf16>
+    %t16f = tensor.collapse_shape %t16 [[0, 1], [2]] : tensor<?x?x8xf16> into tensor<?x8xf16>
+    %t16r = tensor.expand_shape %t16f [[0, 1], [2]] output_shape [%m, 1, 8] : tensor<?x8xf16> into tensor<?x1x8xf16>
+    %le = tensor.empty(%m) : tensor<?x1x512xf32>
+    %lacc = linalg.fill ins(%zero : f32) outs(%le : tensor<?x1x512xf32>) -> tensor<?x1x512xf32>
+    %l = linalg.generic {indexing_maps = [affine_map<(b, m, n, k) -> (b, m, k)>, affine_map<(b, m, n, k) -> (b)>, affine_map<(b, m, n, k) -> (b, m, n)>], iterator_types = ["parallel", "parallel", "parallel", "reduction"]} ins(%t16r, %tids : tensor<?x1x8xf16>, tensor<?xi64>) outs(%lacc : tensor<?x1x512xf32>) {
+    ^bb0(%in: f16, %id: i64, %out: f32):
+      %slot = arith.index_cast %id : i64 to index
+      %n = linalg.index 2 : index
+      %k = linalg.index 3 : index
+      %v = tensor.extract %b[%slot, %k, %n] : tensor<5x8x512xf16>
+      %vf = arith.extf %v : f16 to f32
+      %xf1 = arith.extf %in : f16 to f32
+      %pr = arith.mulf %xf1, %vf : f32
+      %s = arith.addf %out, %pr : f32
+      linalg.yield %s : f32
+    } -> tensor<?x1x512xf32>
+    %l2 = tensor.collapse_shape %l [[0, 1], [2]] : tensor<?x1x512xf32> into tensor<?x512xf32>
+    %l3 = tensor.expand_shape %l2 [[0, 1], [2]] output_shape [%bs, %ts, 512] : tensor<?x512xf32> into tensor<?x?x512xf32>
+    %le16 = tensor.empty(%bs, %ts) : tensor<?x?x512xf16>
+    %l16 = linalg.generic {indexing_maps = [#rows, #rows], iterator_types = ["parallel", "parallel", "parallel"]} ins(%l3 : tensor<?x?x512xf32>) outs(%le16 : tensor<?x?x512xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %r = arith.truncf %in : f32 to f16
+      linalg.yield %r : f16
+    } -> tensor<?x?x512xf16>
+    %y = linalg.generic {indexing_maps = [#rows, #rows, #rows], iterator_types = ["parallel", "parallel", "parallel"]} ins(%base3, %l16 : tensor<?x?x512xf16>, tensor<?x?x512xf16>) outs(%le16 : tensor<?x?x512xf16>) {
+    ^bb0(%in: f16, %in_1: f16, %out: f16):
+      %r = arith.addf %in, %in_1 : f16
+      linalg.yield %r : f16
+    } -> tensor<?x?x512xf16>
+    return %y : tensor<?x?x512xf16>
+  }
+
   // K = 320, a multiple of 64 but not of 256 (the fused kernel's): the base
   // product is a general GEMM, the shrink and the expand BGMVs, and the
   // roundings, the collapse and the add stay.
