@@ -271,7 +271,8 @@ def llama(art_dir: str, scratch: str) -> list:
 def linear_tenants(art_dir: str) -> dict:
     """Mixed one-token rows over 8 PEFT adapters and the base model (the BGMV
     kernel's form), both policies; the factorized call timed against PEFT's
-    mixed batch (`adapter_names=`), each per call on the host clock, synchronized."""
+    mixed batch (`adapter_names=`), each per call on the host clock, synchronized.
+    Then rows of 12 tokens, one adapter each (the site's kernels on their tokens)."""
     from peft import LoraConfig, get_peft_model
 
     peft = get_peft_model(Linear(1024), LoraConfig(**LINEAR_LORA)).half().eval()
@@ -294,6 +295,13 @@ def linear_tenants(art_dir: str) -> dict:
             timings["stageml"] = bench_host(lambda: mod.run_batch(to_numpy(x), rows))
     with torch.no_grad():
         timings["peft"] = bench_host(lambda: peft(x, adapter_names=[r or "__base__" for r in rows]).cpu())
+    prompts = [None] + names  # rows of 12 tokens, one adapter each
+    x = torch.randn(len(prompts), 12, 1024, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        expected = reference(x.double(), adapter_names=[r or "__base__" for r in prompts])
+    mod = tenant_module(art_dir, "linear-tenants-tokens-f16-sm90", "factorized", names)
+    check("linear tenants f16 sm90 factorized, 9 rows of 12 tokens of 8 adapters + base",
+          rel_err(mod.run_batch(x, prompts), expected), BOUNDS["f16"])
     print(timings, flush=True)
     return timings
 

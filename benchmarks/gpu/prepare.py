@@ -19,6 +19,9 @@ compiled here; h200.py checks and times them there. Written to OUT_DIR:
   linear-tenants-f16-sm90.*, linear.pt and adapters/l{0..7}/
       a PEFT LoRA nn.Linear(1024, 1024) (workloads.LINEAR_LORA) for 8 tenants,
       fed one token per row: its per-row products are the BGMV kernel's.
+  linear-tenants-tokens-f16-sm90.*
+      the same for rows of several tokens ([rows, tokens, 1024]): the site's
+      kernels on the rows' tokens.
   stack-tenants-{f16,bf16}-sm90.vmfb/.json
       workloads.TenantStack(8 layers, d=4096, r=16) for 32 tenants
       (max_adapters=32, max_rank=16), its archive rebuilt there like the
@@ -112,12 +115,18 @@ def linear_tenants(out: str) -> list:
     art = stageml.compile(model, (torch.randn(4, 1024).half(),), dynamic_shapes=({0: torch.export.Dim("rows", max=256)},),
                           target="sm90", max_adapters=8, max_rank=16, verbose=True)
     art.save(os.path.join(out, "linear-tenants-f16-sm90.vmfb"))
+    tokens = stageml.compile(model, (torch.randn(4, 6, 1024).half(),), target="sm90", max_adapters=8, max_rank=16,
+                             dynamic_shapes=({0: torch.export.Dim("rows", max=64), 1: torch.export.Dim("tokens", max=128)},),
+                             verbose=True)
+    tokens.save(os.path.join(out, "linear-tenants-tokens-f16-sm90.vmfb"))
     for i in range(8):
         torch.manual_seed(200 + i)
         get_peft_model(Linear(1024), LoraConfig(**LINEAR_LORA)).half().save_pretrained(
             os.path.join(out, "adapters", f"l{i}"))
     return [dict(name="linear-tenants-f16-sm90", workload="linear-tenants", dtype="f16", target="sm90",
-                 kernels=art.report.custom_kernels)]
+                 kernels=art.report.custom_kernels),
+            dict(name="linear-tenants-tokens-f16-sm90", workload="linear-tenants", dtype="f16", target="sm90",
+                 kernels=tokens.report.custom_kernels)]
 
 
 VLLM = "vllm==0.33.0"
