@@ -147,34 +147,22 @@ def test_bfloat16_uses_the_bf16_kernels(sm90_artifacts):
     assert re.search(r"flow.dispatch @stageml_sm90::@stageml_\w+_f16\[", art.mlir["iree"]) is None
 
 
-@needs_nvcc
-def test_multi_tenant_site_is_a_bgmv_and_the_gemm_with_its_expand(tenant_artifact):
-    art = tenant_artifact
-    assert art.report.custom_kernels == TENANT_KERNELS
-    forward = art.mlir["iree"].split("@forward_factorized")[1]
-    assert forward.count("flow.dispatch @stageml_sm90::@stageml_bgmv_f16[") == 1
-    assert forward.count("flow.dispatch @stageml_sm90::@stageml_gemm_expand_f16[") == 1
-    assert "tensor.extract %" not in forward and "linalg.matmul" not in forward
-    assert b"stageml_gemm_expand_f16" in art.vmfb
-
-
-# Rows of T tokens (x [B, T, 256]): the site's shrink and expand are BGMVs of the B*T token rows
-# (fuse-gathers{multi-token=true}); its base product, and @forward's merged one, the wgmma GEMM
+# Rows of T tokens (x [B, T, 256]): the site's products on the B*T token rows
+# (fuse-gathers{multi-token=true}), reaching its add through reshapes of those rows
 TOKEN_ROWS = ({0: Dim("rows", max=64), 1: Dim("tokens", max=64)},)
-MULTI_TOKEN_KERNELS = TENANT_KERNELS  # the same site on the B*T token rows
 
 
 @needs_nvcc
-def test_multi_token_site_is_a_bgmv_and_the_gemm_with_its_expand_on_its_tokens():
-    # fuse-gathers{multi-token}: the per-row products on the rows' tokens; the site's add,
-    # reached through reshapes of those rows, is then the expand kernel's, as for one token
-    art = stageml.compile(_tenant_model(0), (torch.randn(3, 5, 256).half(),), dynamic_shapes=TOKEN_ROWS,
-                          target="sm90", max_adapters=4, max_rank=8)
-    assert art.report.custom_kernels == MULTI_TOKEN_KERNELS
+@pytest.mark.parametrize("tokens", [None, 5], ids=["one-token", "multi-token"])
+def test_multi_tenant_site_is_a_bgmv_and_the_gemm_with_its_expand(request, tokens):
+    art = request.getfixturevalue("tenant_artifact") if tokens is None else stageml.compile(
+        _tenant_model(0), (torch.randn(3, tokens, 256).half(),), dynamic_shapes=TOKEN_ROWS, target="sm90",
+        max_adapters=4, max_rank=8)
+    assert art.report.custom_kernels == TENANT_KERNELS
     forward = art.mlir["iree"].split("func.func @forward_factorized")[1]
     assert forward.count("flow.dispatch @stageml_sm90::@stageml_bgmv_f16[") == 1
     assert forward.count("flow.dispatch @stageml_sm90::@stageml_gemm_expand_f16[") == 1
-    assert "linalg.batch_matmul" not in forward and "tensor.extract %" not in forward
+    assert all(op not in forward for op in ("tensor.extract %", "linalg.matmul", "linalg.batch_matmul"))
     assert b"stageml_gemm_expand_f16" in art.vmfb
 
 
@@ -277,7 +265,7 @@ def test_sm90_tenant_rewrites_match_peft_on_the_cpu(tmp_path, tokens):
     row = (256,) if tokens is None else (tokens, 256)
     art = stageml.compile(models["a"], (torch.randn(3, *row).half(),), target="sm90", max_adapters=3, max_rank=8,
                           dynamic_shapes=ROWS if tokens is None else TOKEN_ROWS, custom_kernels="reference")
-    assert art.report.custom_kernels == (TENANT_KERNELS if tokens is None else MULTI_TOKEN_KERNELS)
+    assert art.report.custom_kernels == TENANT_KERNELS
     mod = art.load(str(tmp_path / "tenants.vmfb"), policy="factorized")
     for name, model in models.items():
         mod.load_adapter(name, {k: v for k, v in model.state_dict().items() if "lora_" in k},
