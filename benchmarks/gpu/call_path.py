@@ -90,7 +90,8 @@ def stack_rows(art_dir: str, scratch: str) -> tuple[list, dict]:
         rows.append(row)
         print(row, flush=True)
         if count == 32:
-            options = {name: bench_iree(vmfb, flags + extra, function=entry["symbol"]) for name, extra in OPTIONS.items()}
+            options = {name: bench_iree(vmfb, flags + extra, function=entry["symbol"])
+                       for name, extra in OPTIONS.items()}
             static = os.path.join(art_dir, "stack-tenants-f16-sm90-rows32.vmfb")
             if os.path.exists(static):
                 write_archive(weights.model, {f"weight.{l}": f"weight.{l}" for l in range(STACK["layers"])},

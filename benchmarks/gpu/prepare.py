@@ -115,9 +115,9 @@ def linear_tenants(out: str) -> list:
     art = stageml.compile(model, (torch.randn(4, 1024).half(),), dynamic_shapes=({0: torch.export.Dim("rows", max=256)},),
                           target="sm90", max_adapters=8, max_rank=16, verbose=True)
     art.save(os.path.join(out, "linear-tenants-f16-sm90.vmfb"))
-    tokens = stageml.compile(model, (torch.randn(4, 6, 1024).half(),), target="sm90", max_adapters=8, max_rank=16,
-                             dynamic_shapes=({0: torch.export.Dim("rows", max=64), 1: torch.export.Dim("tokens", max=128)},),
-                             verbose=True)
+    dims = ({0: torch.export.Dim("rows", max=64), 1: torch.export.Dim("tokens", max=128)},)
+    tokens = stageml.compile(model, (torch.randn(4, 6, 1024).half(),), dynamic_shapes=dims, target="sm90",
+                             max_adapters=8, max_rank=16, verbose=True)
     tokens.save(os.path.join(out, "linear-tenants-tokens-f16-sm90.vmfb"))
     for i in range(8):
         torch.manual_seed(200 + i)

@@ -308,7 +308,8 @@ def _expand_of(base, adapted) -> _Match | None:
         return None
     x, w = base_found
     (k, n), element = ir.RankedTensorType(w.type).shape, ir.RankedTensorType(x.type).element_type
-    low_rank = _rounded(_unreshaped(adapted), element)  # one token: collapse(truncf(l)); several: truncf(reshapes of l)
+    # one token: adapted = collapse(truncf(l)); several: truncf(reshapes of l)
+    low_rank = _rounded(_unreshaped(adapted), element)
     low_rank = None if low_rank is None else _unreshaped(low_rank)
     product = None if low_rank is None or not _one_use(low_rank) or not _one_token(low_rank, n) \
         else defining_op(low_rank)
