@@ -163,6 +163,7 @@ def test_multi_tenant_site_is_a_bgmv_and_the_gemm_with_its_expand(request, token
     assert forward.count("flow.dispatch @stageml_sm90::@stageml_bgmv_f16[") == 1
     assert forward.count("flow.dispatch @stageml_sm90::@stageml_gemm_expand_f16[") == 1
     assert all(op not in forward for op in ("tensor.extract %", "linalg.matmul", "linalg.batch_matmul"))
+    assert forward.count("linalg.broadcast") == (0 if tokens is None else 1)  # the tokens' ids, shared
     assert b"stageml_gemm_expand_f16" in art.vmfb
 
 

@@ -125,7 +125,7 @@ def _token_rows(x, table, ids, acc) -> ir.Value:
     batch, tokens, n = dims_of(acc)
     flat = _collapse(x, [[0, 1], [2]])
     rows, k = dims_of(flat)
-    repeated = tensor.EmptyOp([batch, tokens], _element(ids)).result
+    repeated = tensor.EmptyOp([dims_of(ids)[0], tokens], _element(ids)).result  # (the site's products share it)
     token_ids = _collapse(linalg.broadcast(ids, outs=[repeated], dimensions=[1]).results[0], [[0, 1]])
     zero = arith.ConstantOp(_element(acc), 0.0).result
     zeros = linalg.fill(zero, outs=[tensor.EmptyOp([rows, 1, n], _element(acc)).result])

@@ -95,7 +95,8 @@
 // TOKENS:         %[[T:.+]] = tensor.dim %[[ACC]], %{{.+}} : tensor<?x?x4xf32>
 // TOKENS:         %[[FLAT:.+]] = tensor.collapse_shape %arg0 {{.*}} : tensor<?x?x16xf16> into tensor<?x16xf16>
 // TOKENS:         %[[ROWS:.+]] = tensor.dim %[[FLAT]], %{{.+}} : tensor<?x16xf16>
-// TOKENS:         %[[E:[0-9]+]] = tensor.empty(%[[B]], %[[T]]) : tensor<?x?xi64>
+// TOKENS:         %[[IDROWS:.+]] = tensor.dim %arg1, %{{.+}} : tensor<?xi64>
+// TOKENS:         %[[E:[0-9]+]] = tensor.empty(%[[IDROWS]], %[[T]]) : tensor<?x?xi64>
 // TOKENS:         %[[BROADCAST:.+]] = linalg.broadcast ins(%arg1 : tensor<?xi64>) outs(%[[E]] : tensor<?x?xi64>) dimensions = [1]
 // TOKENS:         %[[TOKEN_IDS:.+]] = tensor.collapse_shape %[[BROADCAST]] {{.*}} : tensor<?x?xi64> into tensor<?xi64>
 // TOKENS:         %[[Z:[0-9]+]] = tensor.empty(%[[ROWS]]) : tensor<?x1x4xf32>
