@@ -789,140 +789,48 @@ template <int N> __device__ __forceinline__ void wgmma_fence_operands(float (&d)
 }
 
 // d (64 x NT, f32) += A (64 x 16, M-major: w) * B (16 x NT, K-major: x^T), both from shared memory.
+// wgmma's accumulator registers d[i .. i + 4/16/64) as asm in-out operands.
+#define STAGEML_D4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define STAGEML_D16(i) STAGEML_D4(i), STAGEML_D4(i + 4), STAGEML_D4(i + 8), STAGEML_D4(i + 12)
+#define STAGEML_D64(i) STAGEML_D16(i), STAGEML_D16(i + 16), STAGEML_D16(i + 32), STAGEML_D16(i + 48)
 template <int NT> struct Wgmma;
-template <> struct Wgmma<16> {
-  template <typename T> static __device__ __forceinline__ void run(float (&d)[8], uint64_t a, uint64_t b) {
-#define STAGEML_WGMMA(TY)                                                                  \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"                                   \
-               "wgmma.mma_async.sync.aligned.m64n16k16.f32." TY "." TY " {"                      \
-               "%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 1, 0;\n}"  \
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),                                   \
-                 "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])  \
-               : "l"(a), "l"(b), "r"(1))
-    if constexpr (IsBf16<T>::value) STAGEML_WGMMA("bf16");
-    else STAGEML_WGMMA("f16");
-#undef STAGEML_WGMMA
-  }
-};
-template <> struct Wgmma<32> {
-  template <typename T> static __device__ __forceinline__ void run(float (&d)[16], uint64_t a, uint64_t b) {
-#define STAGEML_WGMMA(TY)                                                                  \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                   \
-               "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " {"                      \
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 1, 0;\n}"  \
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),                                   \
-                 "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),                                   \
-                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),                                   \
-                 "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])  \
-               : "l"(a), "l"(b), "r"(1))
-    if constexpr (IsBf16<T>::value) STAGEML_WGMMA("bf16");
-    else STAGEML_WGMMA("f16");
-#undef STAGEML_WGMMA
-  }
-};
-template <> struct Wgmma<64> {
-  template <typename T> static __device__ __forceinline__ void run(float (&d)[32], uint64_t a, uint64_t b) {
-#define STAGEML_WGMMA(TY)                                                                  \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                   \
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {"                      \
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 0;\n}"  \
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),                                   \
-                 "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),                                   \
-                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),                                   \
-                 "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),                                   \
-                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),                                   \
-                 "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),                                   \
-                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),                                   \
-                 "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])  \
-               : "l"(a), "l"(b), "r"(1))
-    if constexpr (IsBf16<T>::value) STAGEML_WGMMA("bf16");
-    else STAGEML_WGMMA("f16");
-#undef STAGEML_WGMMA
-  }
-};
-template <> struct Wgmma<128> {
-  template <typename T> static __device__ __forceinline__ void run(float (&d)[64], uint64_t a, uint64_t b) {
-#define STAGEML_WGMMA(TY)                                                                  \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                   \
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                      \
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"  \
-               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"  \
-               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 1, 0;\n}"  \
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),                                   \
-                 "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),                                   \
-                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),                                   \
-                 "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),                                   \
-                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),                                   \
-                 "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),                                   \
-                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),                                   \
-                 "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),                                   \
-                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),                                   \
-                 "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),                                   \
-                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),                                   \
-                 "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),                                   \
-                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]),                                   \
-                 "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),                                   \
-                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),                                   \
-                 "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])  \
-               : "l"(a), "l"(b), "r"(1))
-    if constexpr (IsBf16<T>::value) STAGEML_WGMMA("bf16");
-    else STAGEML_WGMMA("f16");
-#undef STAGEML_WGMMA
-  }
-};
-template <> struct Wgmma<256> {
-  template <typename T> static __device__ __forceinline__ void run(float (&d)[128], uint64_t a, uint64_t b) {
-#define STAGEML_WGMMA(TY)                                                                  \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                   \
-               "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {"                      \
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"  \
-               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"  \
-               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"  \
-               "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"  \
-               "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"  \
-               "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"  \
-               "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 1, 0;\n}"  \
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),                                   \
-                 "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),                                   \
-                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),                                   \
-                 "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),                                   \
-                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),                                   \
-                 "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),                                   \
-                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),                                   \
-                 "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),                                   \
-                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),                                   \
-                 "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),                                   \
-                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),                                   \
-                 "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),                                   \
-                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]),                                   \
-                 "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),                                   \
-                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),                                   \
-                 "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),                                   \
-                 "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]),                                   \
-                 "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),                                   \
-                 "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]),                                   \
-                 "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),                                   \
-                 "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),                                   \
-                 "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),                                   \
-                 "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]),                                   \
-                 "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),                                   \
-                 "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]),                                   \
-                 "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),                                   \
-                 "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),                                   \
-                 "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),                                   \
-                 "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),                                   \
-                 "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),                                   \
-                 "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]),                                   \
-                 "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])  \
-               : "l"(a), "l"(b), "r"(1))
-    if constexpr (IsBf16<T>::value) STAGEML_WGMMA("bf16");
-    else STAGEML_WGMMA("f16");
-#undef STAGEML_WGMMA
-  }
-};
+// Wgmma<NT>::run<T>(d, a, b): wgmma.mma_async m64nNTk16, f32 += T * T; `regs` names d's
+// NT / 2 registers in the asm text, `pred` the operand after a and b (scale-d: accumulate).
+#define STAGEML_WGMMA_TEXT(NT, TY, regs, pred)                                                      \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, " pred ", 0;\n"                                                \
+  "wgmma.mma_async.sync.aligned.m64n" #NT "k16.f32." TY "." TY " {" regs ", p, 1, 1, 1, 0;\n}"
+#define STAGEML_WGMMA_SHAPE(NT, regs, pred, ...)                                                    \
+  template <> struct Wgmma<NT> {                                                                    \
+    template <typename T> static __device__ __forceinline__ void run(float (&d)[NT / 2], uint64_t a, \
+                                                                      uint64_t b) {                 \
+      if constexpr (IsBf16<T>::value)                                                               \
+        asm volatile(STAGEML_WGMMA_TEXT(NT, "bf16", regs, pred) : __VA_ARGS__ : "l"(a), "l"(b), "r"(1)); \
+      else                                                                                          \
+        asm volatile(STAGEML_WGMMA_TEXT(NT, "f16", regs, pred) : __VA_ARGS__ : "l"(a), "l"(b), "r"(1));  \
+    }                                                                                               \
+  };
+STAGEML_WGMMA_SHAPE(16, "%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9", "%10", STAGEML_D4(0), STAGEML_D4(4))
+STAGEML_WGMMA_SHAPE(32, "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17", "%18", STAGEML_D16(0))
+STAGEML_WGMMA_SHAPE(64,
+                    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+                    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33",
+                    "%34", STAGEML_D16(0), STAGEML_D16(16))
+STAGEML_WGMMA_SHAPE(128,
+                    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+                    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+                    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+                    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65",
+                    "%66", STAGEML_D64(0))
+STAGEML_WGMMA_SHAPE(256,
+                    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+                    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+                    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+                    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+                    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+                    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+                    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+                    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129",
+                    "%130", STAGEML_D64(0), STAGEML_D64(64))
 
 
 // One block: y^T[n0 .. n0+64, m0 .. m0+NT] over its half of K, the halves summed across the
