@@ -88,10 +88,14 @@
 // rows) over one half of K; the two blocks of a cluster take the two halves and add them
 // through distributed shared memory, each writing half of the tokens (no workspace, a
 // fixed order of sums). A ring of up to 8 stages in shared memory: w's tiles by one TMA
-// bulk copy a stage (completing on the stage's mbarrier), x's rows as 8x8 core matrices
-// by cp.async (zeros past M); both operands feed wgmma from shared memory by descriptor
-// (no swizzle: 128 bytes to the next core matrix along k, 1024 (w) or 16*k-depth (x)
-// along M or N). The two warpgroups take the first and the second half of each stage's k16 steps
+// bulk copy a stage (completing on the stage's mbarrier); x's rows, 64 k to a 128-byte row
+// in the 128-byte swizzle, by TMA tensor copies where the block has more than 32 rows (the
+// tensor map built on the device, in a per-SM slot of global memory), else by cp.async.
+// Both operands feed wgmma from shared memory by descriptor (w: no swizzle, 128 bytes to
+// the next core matrix along k, 1024 along M; x: 128-byte swizzle, 1024 bytes per 8 rows).
+// As measured on an H200, 16-byte cp.async of x capped a block near 36 GB/s and 8x8 core
+// matrices spread each 128-byte line of x over several L2 requests; TMA lifts both. The two
+// warpgroups take the first and the second half of each stage's k16 steps
 // and their partial tiles are added in the epilogue; one wgmma group stays in flight
 // while the next stage's copies are issued, stages ahead.
 
@@ -764,6 +768,13 @@ __device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t sbo) {
   return static_cast<uint64_t>((smem_addr(p) & 0x3FFFF) >> 4) | static_cast<uint64_t>(128 >> 4) << 16 |
          static_cast<uint64_t>(sbo >> 4) << 32;
 }
+// The same for a K-major operand in the 128-byte swizzle: rows of 128 bytes (64 elements of k),
+// 8-row atoms of 1024 bytes (1024-aligned) in which row r's 16-byte chunk c sits at c ^ (r % 8).
+// A k16 step at k-offset 16j within the row starts 32j bytes in.
+__device__ __forceinline__ uint64_t wg_desc_sw128(const void* p) {
+  return static_cast<uint64_t>((smem_addr(p) & 0x3FFFF) >> 4) | static_cast<uint64_t>(1) << 16 |
+         static_cast<uint64_t>(1024 >> 4) << 32 | static_cast<uint64_t>(1) << 62;
+}
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
@@ -783,6 +794,64 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
 }
+// x's tensor maps: one 128-byte slot per SM in global memory. A wgmma block needs more than half
+// of an SM's shared memory (228 KiB on sm_90, 1 KiB of it reserved per block), so at most one
+// runs on an SM at a time and owns its SM's slot.
+static_assert(2 * (kWgSmem + 1024) > 228 * 1024, "one wgmma block per SM");
+constexpr int kMaxSms = 256;
+__device__ __align__(128) uint8_t wg_tensor_maps[kMaxSms][128];
+
+// The tensor map of x [M, K] (T, row-major), boxes of 64 k x `rows` rows in the 128-byte
+// swizzle, zeros past M, built in `staging` (128 bytes of shared memory, 128-aligned) by warp 0
+// and published to this SM's slot; returns the slot. Thread 0 must fence before using it.
+template <typename T>
+__device__ __forceinline__ const void* x_tensor_map(const T* x, int M, int K, int rows, uint8_t* staging) {
+  uint32_t sm, sms;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  asm volatile("mov.u32 %0, %%nsmid;" : "=r"(sms));
+  if (sms > kMaxSms) __trap();
+  uint8_t* slot = wg_tensor_maps[sm];
+  const int tid = threadIdx.x;
+  if (tid < 32) {
+    reinterpret_cast<uint32_t*>(staging)[tid] = 0u;
+    __syncwarp();
+    if (tid == 0) {
+      const uint32_t t = smem_addr(staging);
+      asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;" ::"r"(t), "l"(x) : "memory");
+      asm volatile("tensormap.replace.tile.rank.shared::cta.b1024.b32 [%0], 1;" ::"r"(t) : "memory");
+      asm volatile("tensormap.replace.tile.box_dim.shared::cta.b1024.b32 [%0], 0, 64;" ::"r"(t) : "memory");
+      asm volatile("tensormap.replace.tile.box_dim.shared::cta.b1024.b32 [%0], 1, %1;" ::"r"(t), "r"(rows) : "memory");
+      asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 0, %1;" ::"r"(t), "r"(K) : "memory");
+      asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 1, %1;" ::"r"(t), "r"(M) : "memory");
+      asm volatile("tensormap.replace.tile.global_stride.shared::cta.b1024.b64 [%0], 0, %1;"
+                   ::"r"(t), "l"(static_cast<uint64_t>(K) * 2) : "memory");
+      asm volatile("tensormap.replace.tile.element_stride.shared::cta.b1024.b32 [%0], 0, 1;" ::"r"(t) : "memory");
+      asm volatile("tensormap.replace.tile.element_stride.shared::cta.b1024.b32 [%0], 1, 1;" ::"r"(t) : "memory");
+      if constexpr (IsBf16<T>::value)
+        asm volatile("tensormap.replace.tile.elemtype.shared::cta.b1024.b32 [%0], 10;" ::"r"(t) : "memory");
+      else
+        asm volatile("tensormap.replace.tile.elemtype.shared::cta.b1024.b32 [%0], 6;" ::"r"(t) : "memory");
+      asm volatile("tensormap.replace.tile.interleave_layout.shared::cta.b1024.b32 [%0], 0;" ::"r"(t) : "memory");
+      asm volatile("tensormap.replace.tile.swizzle_mode.shared::cta.b1024.b32 [%0], 3;" ::"r"(t) : "memory");
+      asm volatile("tensormap.replace.tile.fill_mode.shared::cta.b1024.b32 [%0], 0;" ::"r"(t) : "memory");
+    }
+    __syncwarp();
+    asm volatile("tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned"
+                 " [%0], [%1], 128;"
+                 ::"l"(slot), "r"(smem_addr(staging)) : "memory");
+  }
+  return slot;
+}
+__device__ __forceinline__ void tensor_map_acquire(const void* map) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(map) : "memory");
+}
+// TMA: the box of `map` at (c0 = k, c1 = row) into `dst` (1024-aligned), completing on `bar`.
+__device__ __forceinline__ void tma_load_2d(void* dst, const void* map, int c0, int c1, uint64_t* bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3}], [%4];"
+               ::"r"(smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(smem_addr(bar)) : "memory");
+}
+
 template <int N> __device__ __forceinline__ void wgmma_fence_operands(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
@@ -840,13 +909,13 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
                                            uint8_t* smem) {
   constexpr int S = kWgStages<NT>, KD = kWgK<NT>, KS = KD / 16;
   constexpr int W_BYTES = kWgCols * KD * 2, X_BYTES = NT * KD * 2;
-  static_assert(S >= 3 && S * (W_BYTES + X_BYTES) <= kWgRing && 2 * NT * kWgRedLd * 4 <= kWgRing &&
-                    kWgRing + S * 8 <= kWgSmem, "shared memory");
+  static_assert(S >= 3 && S <= 16 && S * (W_BYTES + X_BYTES) <= kWgRing && 2 * NT * kWgRedLd * 4 <= kWgRing &&
+                    kWgRing + 256 <= kWgSmem, "shared memory: the ring, then mbarriers, then x's tensor map");
   uint8_t* wst = smem;
   uint8_t* xst = smem + S * W_BYTES;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kWgRing);
   const int tid = threadIdx.x, wg = tid >> 7;
-  const int n0 = blockIdx.x * kWgCols, m0 = blockIdx.z * kWgMaxTokens;
+  const int n0 = blockIdx.x * kWgCols, m0 = blockIdx.z * kWgMaxTokens, rows = min(NT, M - m0);
   const uint32_t rank = cluster_rank();
   const int kh = K / kWgSplit, k_begin = static_cast<int>(rank) * kh, KT = kh / KD;
   if (tid == 0) {
@@ -856,34 +925,48 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
   __syncthreads();
 
   // Stage kt into slot kt % S: k-block (kt + blockIdx.x) % KT (the column tiles start at different
-  // k, so that they do not all read the same rows of x at once), w's KD/64 tiles (contiguous: one bulk copy) and x's NT rows as
-  // core matrices [NT/8][KD/8][8 rows] (cp.async, zeros past M). Every thread commits one
-  // cp.async group per stage, loaded or not.
-  const auto load = [&](int kt) {
-    if (kt < KT) {
-      const int slot = kt % S, k0 = k_begin + (kt + static_cast<int>(blockIdx.x)) % KT * KD;
+  // k, so that they do not all read the same rows of x at once), w's KD/64 tiles (contiguous: one
+  // bulk copy) and x's rows as KD/64 blocks [NT][128 bytes] of 64 k in the 128-byte swizzle.
+  // Where NT >= 64, x comes by TMA, a box per 64 k holding only the block's rows (TMA's fill of
+  // rows past M is slow): the rest of the NT rows keep stale bytes, which reach only the products
+  // of rows that are never stored. Below, every thread cp.asyncs 16-byte chunks (zeros past the
+  // rows): there the build of a tensor map (~1 µs) costs more than TMA saves.
+  constexpr bool kTmaX = NT >= 64;
+  const void* map = nullptr;  // x's tensor map, where kTmaX
+  const auto load = [&](int kt) {  // kTmaX: by thread 0; else by every thread, one cp.async group each
+    const int slot = kt % S, k0 = k_begin + (kt + static_cast<int>(blockIdx.x)) % KT * KD;
+    if (kt < KT && (!kTmaX || tid == 0)) {
       if (tid == 0) {
-        mbar_expect_tx(&full[slot], W_BYTES);
+        mbar_expect_tx(&full[slot], W_BYTES + (kTmaX ? rows * KD * 2 : 0));
         bulk_copy(wst + slot * W_BYTES, w + w_at(k0, n0, K), W_BYTES, &full[slot]);
       }
-      for (int q = tid; q < NT * KD / 8; q += kThreads) {
-        const int row = q / KD * 8 + (q & 7), kc = (q >> 3) % (KD / 8);
-        const bool ok = m0 + row < M;
-        cp_async16(xst + slot * X_BYTES + q * 16, ok ? x + static_cast<size_t>(m0 + row) * K + k0 + kc * 8 : x, ok);
+      if constexpr (kTmaX) {
+        for (int h = 0; h < KD / 64; ++h)
+          tma_load_2d(xst + slot * X_BYTES + h * NT * 128, map, k0 + h * 64, m0, &full[slot]);
+      } else {
+        for (int q = tid; q < NT * KD / 8; q += kThreads) {  // zeros past the rows
+          const int h = q / (NT * 8), row = q / 8 % NT, c = q & 7;
+          cp_async16(xst + slot * X_BYTES + h * NT * 128 + row * 128 + ((c ^ (row & 7)) << 4),
+                     row < rows ? x + static_cast<size_t>(m0 + row) * K + k0 + h * 64 + c * 8 : x, row < rows);
+        }
       }
     }
-    cp_async_commit();
+    if constexpr (!kTmaX) cp_async_commit();
   };
-  for (int s = 0; s < S - 2; ++s) load(s);
+  if constexpr (kTmaX) {
+    map = x_tensor_map(x, M, K, rows, smem + kWgRing + 128);
+    if (tid == 0) tensor_map_acquire(map);
+  }
+  for (int kt = 0; kt < S - 2; ++kt) load(kt);
 
   float d[NT / 2];
 #pragma unroll
   for (int i = 0; i < NT / 2; ++i) d[i] = 0.f;
   for (int kt = 0; kt < KT; ++kt) {
     const int slot = kt % S;
-    cp_async_wait<kWgStages<NT> - 3>();  // this thread's rows of x for stage kt
-    mbar_wait(&full[slot], (kt / S) & 1);  // w for stage kt
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // x's (generic) writes, seen by wgmma
+    if constexpr (!kTmaX) cp_async_wait<S - 3>();  // this thread's rows of x for stage kt
+    mbar_wait(&full[slot], (kt / S) & 1);  // w (and by TMA, x) for stage kt
+    if constexpr (!kTmaX) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // seen by wgmma
     __syncthreads();  // all of stage kt is in; both warpgroups are done with stage kt - 2
     load(kt + S - 2);  // into stage kt - 2's slot
     const uint8_t* ws = wst + slot * W_BYTES;
@@ -894,7 +977,7 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
     for (int i = 0; i < KS / 2; ++i) {
       const int j = wg * (KS / 2) + i;  // k16 step: tile j / 4 of w, k-groups 2 (j % 4) and on
       Wgmma<NT>::template run<T>(d, wg_desc(ws + j / 4 * kWgTileBytes + j % 4 * 256, 1024),
-                                 wg_desc(xs + j * 256, KD * 16));
+                                 wg_desc_sw128(xs + j / 4 * NT * 128 + j % 4 * 32));
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // stage kt - 1 done
@@ -902,7 +985,7 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   wgmma_fence_operands(d);
-  cp_async_wait<0>();
+  if constexpr (!kTmaX) cp_async_wait<0>();
   __syncthreads();  // the stages are free
 
   // The warpgroups' partial tiles, red[g][token][column] in f32. Accumulator d[4j + 2h + e] is
