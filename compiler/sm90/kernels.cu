@@ -568,6 +568,28 @@ template <typename T> struct Expand {
   template <int W> __device__ __forceinline__ void add(int m, int n, int N, float (&v)[W]) const {
     const T* b = table + static_cast<size_t>(m < rows ? ids[m] : 0) * R * N + n;
     const float* tm = t + static_cast<size_t>(m) * R;
+    if constexpr (W == 4) {
+      if ((reinterpret_cast<uintptr_t>(b) & 7) == 0) {  // 4 columns of a rank's row: one 8-byte load
+#pragma unroll 8
+        for (int r = 0; r < R; ++r) {
+          const uint2 q = *reinterpret_cast<const uint2*>(b + static_cast<size_t>(r) * N);
+          const float tr = tm[r];
+          float f[4];
+          if constexpr (IsBf16<T>::value) {
+            const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.x));
+            const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.y));
+            f[0] = lo.x, f[1] = lo.y, f[2] = hi.x, f[3] = hi.y;
+          } else {
+            const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&q.x));
+            const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&q.y));
+            f[0] = lo.x, f[1] = lo.y, f[2] = hi.x, f[3] = hi.y;
+          }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) v[i] = fmaf(tr, f[i], v[i]);
+        }
+        return;
+      }
+    }
 #pragma unroll 4
     for (int r = 0; r < R; ++r) {
       const float tr = tm[r];
