@@ -28,7 +28,8 @@ def _is_torch(value) -> bool:
 
 
 def _check_input(spec: dict, value, device_kind: str):
-    """(`value` as the call passes it to IREE, its shape), after checking it against
+    """(`value` as the call passes it to IREE, its shape, whether it is a torch tensor passed
+    as it is), after checking it against
     input `spec`: shape, dtype, the export's dimension ranges and, for indices,
     the values the tables allow. A torch tensor on the module's own kind of
     device ("cpu" or "cuda") is passed as it is (DLPack), anything else as a
@@ -40,9 +41,9 @@ def _check_input(spec: dict, value, device_kind: str):
     else:
         value = as_numpy(value)
         shape, dtype = value.shape, value.dtype.name
-    expected = "[" + ", ".join("?" if d is None else str(d) for d in spec["shape"]) + "] " + spec["dtype"]
     shape_ok = len(shape) == len(spec["shape"]) and all(d is None or d == s for d, s in zip(spec["shape"], shape))
     if not shape_ok or dtype != spec["dtype"]:
+        expected = "[" + ", ".join("?" if d is None else str(d) for d in spec["shape"]) + "] " + spec["dtype"]
         raise InputError(f"input {spec['name']!r} has shape {list(shape)} {dtype}; expected {expected}")
     for axis, (size, bound) in enumerate(zip(shape, spec.get("dims", ()))):
         if size < bound["min"] or size > bound.get("max", size):
@@ -56,7 +57,7 @@ def _check_input(spec: dict, value, device_kind: str):
             raise InputError(f"input {spec['name']!r} holds {low if low < values['min'] else high}, outside "
                              f"{values['min']}..{values['max']} (the rows of the table it indexes): pass indices "
                              "inside the table, e.g. token ids below the vocabulary size")
-    return (value if direct else np.ascontiguousarray(value)), shape
+    return (value if direct else np.ascontiguousarray(value)), shape, direct
 
 
 class Request:
@@ -259,9 +260,9 @@ class ResidualModule:
             names = ", ".join(s["name"] for s in specs)
             raise InputError(f"the residual takes {len(specs)} input(s) ({names}), got {len(inputs)}: pass exactly those")
         checked = [_check_input(s, v, self._device_kind) for s, v in zip(specs, inputs)]
-        torch_inputs = [v for v in inputs if _is_torch(v)]
-        values = [self._imported(v) if _is_torch(v) else v for v, _ in checked]
-        return Request(self, values, [shape for _, shape in checked], torch_inputs[0].device if torch_inputs else None)
+        torch_device = next((v.device for v in inputs if _is_torch(v)), None)
+        values = [self._imported(v) if direct else v for v, _, direct in checked]
+        return Request(self, values, [shape for _, shape, _ in checked], torch_device)
 
     def _imported(self, tensor):
         """A torch tensor on this module's device as an IREE buffer view, shared (DLPack), once the

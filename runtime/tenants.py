@@ -39,7 +39,7 @@ from stageml.runtime.module import ResidualModule, numpy_dtype
 
 POLICIES = ("auto", "merged", "factorized")
 SERVING = ("adapter_memory_budget", "policy", "replan_every")  # stageml.load's options for these modules
-_IDS_KEPT = 64  # batch compositions whose slot ids stay on the device
+_BATCHES_KEPT = 64  # batch compositions kept checked, with their slot ids on the device
 
 
 @dataclasses.dataclass
@@ -52,6 +52,17 @@ class _Adapter:
     requests: float = 0.0     # rows served, halved at every re-plan
     total: int = 0            # rows served since loaded
     last_used: int = 0
+
+
+@dataclasses.dataclass
+class _Batch:
+    """A batch composition (a name or None per row), checked: its adapters by name, rows per
+    name (None: the base model), the rows' slots and, once uploaded, their device array."""
+    named: dict
+    rows_of: collections.Counter
+    slots: np.ndarray
+    residency: int            # TenantModule._residency when checked
+    ids: object = None
 
 
 class TenantModule(ResidualModule):
@@ -78,7 +89,8 @@ class TenantModule(ResidualModule):
         self._lock = threading.RLock()
         self._clock = itertools.count(1)
         self._calls = 0
-        self._ids = {}  # slots' bytes -> their device array, least recently used first
+        self._batches = {}  # composition (a tuple of names) -> _Batch, least recently used first
+        self._residency = 0  # counts slot changes: a _Batch checked before one is stale
         sites = tuple(LoraSite(s["in_features"], s["out_features"], numpy_dtype(s["dtype"]).itemsize)
                       for s in self._sites)
         self._profile = AdapterProfile("", self._max_rank, sites)
@@ -159,6 +171,7 @@ class TenantModule(ResidualModule):
             self._free.append(slot)
             raise AdapterError(f"writing the adapter into slot {slot} failed ({e}): check its tensors") from None
         adapter.slot = slot
+        self._residency += 1
 
     def _arguments(self, adapter: _Adapter, program: str = MAIN) -> dict:
         """`adapter`'s prepared inputs in the element types `program`'s adapter stage takes them."""
@@ -169,6 +182,7 @@ class TenantModule(ResidualModule):
         if adapter.slot is not None:
             self._free.append(adapter.slot)
         adapter.slot, adapter.merged = None, None
+        self._residency += 1
         if not isinstance(adapter.source, dict):
             adapter.inputs = None
 
@@ -234,50 +248,54 @@ class TenantModule(ResidualModule):
                              "pass e.g. ['tenant-a', None]")
         return self._run_batch(request, list(adapters))
 
-    def _slot_ids(self, adapters: list, named: dict):
-        """The rows' slots (`named`: the batch's adapters by name), on the device: uploaded once
-        per batch composition (a decode loop sends the same one at every step), the last
-        _IDS_KEPT compositions kept. The slots are all the buffer holds, so an entry stays
-        right when slots change hands."""
-        slot_of = {name: adapter.slot for name, adapter in named.items()}
-        slot_of[None] = 0
-        slots = np.fromiter(map(slot_of.__getitem__, adapters), np.int64, len(adapters))
-        key = slots.tobytes()
-        ids = self._ids.pop(key, None)
-        if ids is None:
-            ids = iree_rt.asdevicearray(self._config.device, slots)
-            if len(self._ids) >= _IDS_KEPT:
-                del self._ids[next(iter(self._ids))]  # the least recently used
-        self._ids[key] = ids
-        return ids
-
-    def _run_batch(self, request, adapters: list):
+    def _batch(self, adapters: list) -> _Batch:
+        """`adapters` (a name or None per row) checked, each adapter made resident; under the
+        lock. The last _BATCHES_KEPT compositions are kept (a decode loop sends the same one at
+        every step), each until a slot changes hands."""
+        key = tuple(adapters)
         try:
-            rows_of = collections.Counter(adapters)  # rows per name (None: the base model)
-        except TypeError:  # an unhashable name: found below
-            rows_of = None
-        for name in adapters if rows_of is None else rows_of:
-            if name is not None and not isinstance(name, str):
-                raise AdapterError(f"adapter {name!r} is not a name: pass adapter names (strings) or None for the base model")
-        if any(shape == () or rows != len(adapters) for shape, rows in zip(request.shapes, request.rows)):
-            raise InputError(f"run_batch got {len(adapters)} adapter names for inputs of "
-                             f"{request.rows} rows: pass one name (or None) per row")
-        with self._lock:
+            hash(key)
+        except TypeError:  # an unhashable name: refused below
+            key = None
+        batch = None if key is None else self._batches.pop(key, None)
+        if batch is None or batch.residency != self._residency:
+            for name in adapters if key is None else set(key):
+                if name is not None and not isinstance(name, str):
+                    raise AdapterError(f"adapter {name!r} is not a name: pass adapter names (strings) or None "
+                                       "for the base model")
+            rows_of = collections.Counter(key)
             named = {n: self._known(n) for n in rows_of if n is not None}
             for adapter in named.values():
                 if adapter.slot is None:
                     self._make_resident(adapter, set(named))
+            slot_of = {name: adapter.slot for name, adapter in named.items()}
+            slot_of[None] = 0
+            batch = _Batch(named, rows_of, np.fromiter(map(slot_of.__getitem__, key), np.int64, len(key)),
+                           self._residency)
+            if len(self._batches) >= _BATCHES_KEPT:
+                del self._batches[next(iter(self._batches))]  # the least recently used
+        self._batches[key] = batch
+        return batch
+
+    def _run_batch(self, request, adapters: list):
+        if any(shape == () or rows != len(adapters) for shape, rows in zip(request.shapes, request.rows)):
+            raise InputError(f"run_batch got {len(adapters)} adapter names for inputs of "
+                             f"{request.rows} rows: pass one name (or None) per row")
+        with self._lock:
+            batch = self._batch(adapters)
             now = next(self._clock)
-            for name, adapter in named.items():
-                adapter.requests += rows_of[name]
-                adapter.total += rows_of[name]
+            for name, adapter in batch.named.items():
+                adapter.requests += batch.rows_of[name]
+                adapter.total += batch.rows_of[name]
                 adapter.last_used = now
             values = {s["name"]: v for s, v in zip(self.inputs, request.values)}
-            only = next(iter(named.values())) if len(named) == 1 and None not in rows_of else None
+            only = next(iter(batch.named.values())) if len(batch.named) == 1 and None not in batch.rows_of else None
             if only is not None and only.merged is not None:
                 results = self._call(self.entry("dynamic"), values, only.merged)
             else:
-                values[IDS] = self._slot_ids(adapters, named)
+                if batch.ids is None:
+                    batch.ids = iree_rt.asdevicearray(self._config.device, batch.slots)
+                values[IDS] = batch.ids
                 results = self._call(self.entry("dynamic", FACTORIZED), values)
             self._calls += 1
             if self._calls % self._replan_every == 0:

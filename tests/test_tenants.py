@@ -196,18 +196,33 @@ def test_rows_see_only_their_adapter_through_unload_reload_and_slot_reuse(linear
         mod.run_batch(np.zeros((3, 64), np.float32), ["a", "b", "c"])
 
 
-def test_slot_ids_stay_on_the_device_for_recent_batch_compositions(linear):
-    # run_batch uploads a composition's slot ids once and keeps the last 64 compositions.
-    from stageml.runtime.tenants import _IDS_KEPT
+def test_batch_compositions_are_checked_once_and_rechecked_when_slots_change(linear):
+    # run_batch checks a composition and uploads its slot ids once, keeps the last 64, and checks
+    # a kept one again once any slot has changed hands.
+    from stageml.runtime.tenants import _BATCHES_KEPT
 
     mod = stageml.load(linear["path"], policy="factorized")
     adapters = {n: _factors(s) for s, n in enumerate("ab")}
     for name, factors in adapters.items():
         mod.load_adapter(name, factors)
-    compositions = [["a", "b", None][:1 + i % 3] * (1 + i // 3) for i in range(_IDS_KEPT + 6)]
+    names = ["b", None, "a", "b"]
+    _check_rows(mod, linear, adapters, names)
+    kept = mod._batches[tuple(names)]
+    _check_rows(mod, linear, adapters, names)
+    assert mod._batches[tuple(names)] is kept and kept.ids is not None
+    slots = {n: mod.stats()["adapters"][n]["slot"] for n in "ab"}
+    mod.unload_adapter("b")
+    mod.unload_adapter("a")
+    mod.load_adapter("b", adapters["b"])
+    mod.load_adapter("a", adapters["a"])
+    assert {n: mod.stats()["adapters"][n]["slot"] for n in "ab"} == {"a": slots["b"], "b": slots["a"]}
+    _check_rows(mod, linear, adapters, names)  # the same composition, now with the slots swapped
+    assert mod._batches[tuple(names)] is not kept
+
+    compositions = [["a", "b", None][:1 + i % 3] * (1 + i // 3) for i in range(_BATCHES_KEPT + 6)]
     for names in compositions + compositions[:3]:  # the first three were dropped, and come back
         _check_rows(mod, linear, adapters, names)
-    assert len(mod._ids) == _IDS_KEPT
+    assert len(mod._batches) == _BATCHES_KEPT
 
 
 def test_evicted_directory_adapter_is_reloaded_from_disk(linear, tmp_path):
