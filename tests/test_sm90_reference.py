@@ -52,8 +52,12 @@ F32_BOUND = 1e-5  # BGMV: f32 sums on both sides, in other orders
 CASES = [("gemm", t) for t in DTYPES] \
     + [(f"gemm_wgmma-{k}x{n}", t) for k in (256, 512) for n in (64, 192) for t in DTYPES] \
     + [(f"lora-{order}", t) for order in ("outer", "inner") for t in DTYPES] + [("bgmv", t) for t in DTYPES] \
-    + [(f"gemm_expand-{k}x{n}", t) for k, n in ((256, 192), (512, 64)) for t in DTYPES]
+    + [(f"gemm_expand-{k}x{n}", t) for k, n in ((256, 192), (512, 64)) for t in DTYPES] \
+    + [(f"lora_by_expand-{order}-{k}x{n}", t) for order, k, n in (("outer", 256, 192), ("inner", 512, 64))
+       for t in DTYPES]
 GEMMS = ("gemm", "gemm_wgmma")
+# the kernels each pattern's rewrite calls (a LoRA site with K % 256 = 0 takes the multi-tenant path's)
+KERNELS = {"gemm_expand": ("gemm_expand", "bgmv"), "lora_by_expand": ("gemm_expand", "bgmv")}
 WGMMA = ("gemm_wgmma", "gemm_expand")  # the kernels of any row count, the shapes given
 TILE, STRIP = 64, 8
 
@@ -273,13 +277,13 @@ def test_reference_rewrite_computes_the_original(pattern, t):
     print(f"seed {SEED} (STAGEML_SEED={SEED} repeats it)")
     rng = _rng(pattern, t)
     kernel = pattern.split("-")[0]
-    if kernel in WGMMA:
-        k, n = map(int, pattern.split("-")[1].split("x"))
+    if kernel in WGMMA or kernel == "lora_by_expand":
+        k, n = map(int, pattern.split("-")[-1].split("x"))
     else:
         k, n = TILE * int(rng.integers(1, 4)), TILE * int(rng.integers(1, 5))
     if kernel in GEMMS:
         text = _gemm_module(t, k, n)
-    elif kernel == "lora":
+    elif kernel in ("lora", "lora_by_expand"):
         w = _random(rng, (k, n), t, k ** -0.5)
         # exact in T, and at least sqrt(2) away from 1 by ratio: a dropped scale shows
         scale = float(DTYPES[t](2.0 ** (rng.choice([-1, 1]) * rng.uniform(0.5, 2.0))))
@@ -289,20 +293,22 @@ def test_reference_rewrite_computes_the_original(pattern, t):
     else:
         text = _bgmv_module(t, k, n)
     rewritten, stats = _rewritten(text)
-    assert stats == {f"stageml_{kernel}": 1, **({"stageml_bgmv": 1} if kernel == "gemm_expand" else {})}
-    assert f"call @stageml_{kernel}_{t}_reference(" in rewritten  # the match happened: the reference runs
+    called = KERNELS.get(kernel, (kernel,))
+    assert stats == {f"stageml_{c}": 1 for c in called}
+    for c in called:
+        assert f"call @stageml_{c}_{t}_reference(" in rewritten  # the match happened: the reference runs
     assert "linalg.matmul" not in rewritten.split("func.func private @stageml_")[0]
     original, reference = _load(text), _load(rewritten)
 
     bound = F32_BOUND if kernel == "bgmv" else BOUNDS[t]
-    for rows in WGMMA_ROWS if kernel in WGMMA else ROWS:
+    for rows in WGMMA_ROWS if kernel in WGMMA or kernel == "lora_by_expand" else ROWS:
         if kernel in GEMMS:
             w, x = _random(rng, (k, n), t, k ** -0.5), _random(rng, (rows, k), t)
             tiles = reference["adapter"](w).to_host()
             assert tiles.dtype == w.dtype and np.array_equal(tiles.view(np.uint16), _tiles(w).view(np.uint16))
             outputs = [original["forward"](original["adapter"](w).to_host(), x).to_host(),
                        reference["forward"](tiles, x).to_host()]
-        elif kernel == "lora":
+        elif kernel in ("lora", "lora_by_expand"):
             x = _random(rng, (rows, k), t)
             a, b = _random(rng, (k, RANK), t, k ** -0.5), _random(rng, (RANK, n), t, RANK ** -0.5)
             outputs = [m["forward"](x, a, b).to_host() for m in (original, reference)]

@@ -18,6 +18,15 @@ kernels that read w in tiles (all but BGMV), K and N static multiples of 64:
     %y = linalg.generic {arith.addf} ins(GEMM(%x, %w), s2 * GEMM(s1 * GEMM(%x, %a), %b))
   → %y = flow.dispatch @stageml_sm90::@stageml_lora_T[%M, %N](%x, %s, %a, %b, M, K, N, R, bits(s1*s2))
     (s1, s2: optional constant scales; the kernel keeps x@a in f32 on chip)
+    or, where K % 256 = 0, the multi-tenant path's kernels with the site's
+    adapter as slot 0 of one-slot tables (on an H200, per 4096² r=16 layer,
+    they take 21-50 µs at 1-256 rows in the tenant stack; stageml_lora 25-158):
+  → %ids = linalg.fill 0 : tensor<Mxi64>
+    %t = flow.dispatch @stageml_sm90::@stageml_bgmv_T[%M, %R](expand_shape %x : Mx1xK, %ids,
+           expand_shape %a : 1xKxR, M, K, R)
+    %t2 = linalg.generic {arith.mulf %t, s1*s2}   (where s1*s2 != 1)
+    %y = flow.dispatch @stageml_sm90::@stageml_gemm_expand_T[%M, %N](%x, %s, %t2, %ids,
+           expand_shape %b : 1xRxN, M, K, N, R, M)
 
   BGMV: fuse-gathers' per-row product of one-token rows, each row against
   its own slot of a factor table (multi-tenant, program "factorized"),
@@ -131,6 +140,8 @@ class _Match:
     weight: int | None = 1  # the operand read in tiles, if any
     rows: ir.Value | None = None  # a site reached through reshapes of its rows: the [M, K] x whose rows
                                   # the kernel computes, its [M, N] result then reshaped to the root's
+    shrink: float | None = None   # a one-adapter LoRA site by the expand kernel: operands [x, w, a, b], the
+                                  # rewrite adds the shrink x @ a times this scale (BGMV over zero ids)
 
 
 # -- matching -------------------------------------------------------------------
@@ -231,6 +242,8 @@ def _lora_of(base, adapted) -> _Match | None:
     (k, n), (k_a, rank), (rank_b, n_b) = (ir.RankedTensorType(v.type).shape for v in (w, a, b))
     if (k_a, rank_b, n_b) != (k, rank, n) or rank > MAX_RANK:
         return None
+    if _fits("stageml_gemm_expand", x, w):  # the tenant path's kernels (faster on an H200: see the doc)
+        return _Match("stageml_gemm_expand", [x, w, a, b], [k, n, rank, x], shrink=outer_scale * inner_scale)
     bits = struct.unpack("<i", struct.pack("<f", outer_scale * inner_scale))[0]
     return _Match("stageml_lora", [x, w, a, b], [k, n, rank, bits])
 
@@ -436,15 +449,10 @@ def _push(constant) -> ir.Value:
     return arith.IndexCastOp(i32, _rows(constant, _dynamic_dims(constant))).result
 
 
-def _kernel_call(match: _Match, root, lowering: str, references: dict) -> ir.Value:
-    """The kernel's result for `root` (a linalg.generic), at the current insertion
-    point: workload (rows, N), push constants (rows, *match.constants) as i32."""
-    out = root.opview.outputs[0] if match.rows is None else match.rows
-    result_type, index, i32 = (ir.RankedTensorType(root.results[0].type), ir.IndexType.get(),
-                               ir.IntegerType.get_signless(32))
-    if match.rows is not None:  # the kernel's [M, N] rows, reshaped to the root's at the end
-        result_type = ir.RankedTensorType.get([ir.RankedTensorType(out.type).shape[0], result_type.shape[-1]],
-                                              result_type.element_type)
+def _kernel_call(match: _Match, out, result_type, lowering: str, references: dict) -> ir.Value:
+    """The kernel's result (`result_type`, shaped as `out`) at the current insertion point:
+    workload (rows, N), push constants (rows, *match.constants) as i32."""
+    index, i32 = ir.IndexType.get(), ir.IntegerType.get_signless(32)
     result_dims = _dynamic_dims(out)
     rows = _rows(out, result_dims)
     pushed = [arith.IndexCastOp(i32, rows).result] + [_push(c) for c in match.constants]
@@ -460,6 +468,21 @@ def _kernel_call(match: _Match, root, lowering: str, references: dict) -> ir.Val
     argument_dims = [d for v in match.operands for d in _dynamic_dims(v)]
     return flow.DispatchOp([result_type], [rows, n], entry, match.operands + pushed, argument_dims, result_dims,
                            tied_operands=ir.ArrayAttr.get([ir.IntegerAttr.get(index, -1)])).results[0]
+
+
+def _times(value, scale: float) -> ir.Value:
+    """`value` (f32) times the constant `scale`, elementwise."""
+    type_ = ir.RankedTensorType(value.type)
+    identity = ir.AffineMapAttr.get(ir.AffineMap.get_identity(type_.rank))
+    parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
+    out = tensor.EmptyOp(dims_of(value), type_.element_type).result
+    generic = linalg.GenericOp([type_], [value], [out], ir.ArrayAttr.get([identity, identity]),
+                               ir.ArrayAttr.get([parallel] * type_.rank))
+    block = generic.regions[0].blocks.append(type_.element_type, type_.element_type)
+    with ir.InsertionPoint(block):
+        factor = arith.ConstantOp(type_.element_type, scale).result
+        linalg.YieldOp([arith.MulFOp(block.arguments[0], factor).result])
+    return generic.results[0]
 
 
 def _function(op):
@@ -518,15 +541,47 @@ class _Rewriter:
             if not self.tiles.available(found.operands[found.weight], func):
                 return True
             found.operands[found.weight] = self.tiles(found.operands[found.weight], func)
-        if self.lowering == "reference":
-            self._reference(f"{found.kernel}_{ir.RankedTensorType(found.operands[0].type).element_type}")
         with rewriter.ip, root.location:
-            result = _kernel_call(found, root, self.lowering, self.references)
+            if found.shrink is not None:
+                self._shrink(found)
+            out = root.opview.outputs[0] if found.rows is None else found.rows
+            result_type = ir.RankedTensorType(root.results[0].type)
+            if found.rows is not None:  # the kernel's [M, N] rows, reshaped to the root's at the end
+                result_type = ir.RankedTensorType.get([ir.RankedTensorType(out.type).shape[0],
+                                                       result_type.shape[-1]], result_type.element_type)
+            result = self._call(found, out, result_type)
             if found.rows is not None:
                 result = expanded(result, [[0, 1], [2]], dims_of(root.opview.outputs[0]))
         rewriter.replace_op(root, [result])
         self.counts[found.kernel] = self.counts.get(found.kernel, 0) + 1
         return False
+
+    def _call(self, match: _Match, out, result_type) -> ir.Value:
+        """`_kernel_call` of `match`, its reference cloned in first where lowering=reference."""
+        if self.lowering == "reference":
+            self._reference(f"{match.kernel}_{ir.RankedTensorType(match.operands[0].type).element_type}")
+        return _kernel_call(match, out, result_type, self.lowering, self.references)
+
+    def _shrink(self, match: _Match) -> None:
+        """A one-adapter LoRA site's operands [x, w, a, b] → the expand kernel's [x, w, t, ids, b]:
+        the site's one adapter as slot 0 of one-slot tables, every row's id 0, and its shrink
+        t = scale * (x @ a) in f32 by the BGMV kernel,
+          %ids = linalg.fill 0 : tensor<Mxi64>
+          %t = flow.dispatch @stageml_bgmv_T(expand_shape %x : Mx1xK, %ids, expand_shape %a : 1xKxR)
+          %t' = linalg.generic {arith.mulf %t, scale}   (where scale != 1)"""
+        x, w, a, b = match.operands
+        rows, k = dims_of(x)
+        (_, rank), (_, n) = ir.RankedTensorType(a.type).shape, ir.RankedTensorType(b.type).shape
+        i64, f32 = ir.IntegerType.get_signless(64), ir.F32Type.get()
+        ids = linalg.fill(arith.ConstantOp(i64, 0).result, outs=[tensor.EmptyOp([rows], i64).result])
+        shrink = _Match("stageml_bgmv", [expanded(x, [[0, 1], [2]], [rows, 1, k]), ids,
+                                         expanded(a, [[0, 1], [2]], [1, k, rank])], [k, rank], weight=None)
+        out = tensor.EmptyOp([rows, 1, rank], f32).result
+        t = self._call(shrink, out, out.type)
+        if match.shrink != 1.0:
+            t = _times(t, match.shrink)
+        match.operands = [x, w, t, ids, expanded(b, [[0, 1], [2]], [1, rank, n])]
+        self.counts["stageml_bgmv"] = self.counts.get("stageml_bgmv", 0) + 1
 
     def _reference(self, kernel: str) -> None:
         """Clones `kernel`'s reference function into the module (once), with the functions it calls."""

@@ -115,22 +115,34 @@ module {
   }
 
   // An unmerged LoRA site, PEFT's order (scale after the second product), in
-  // a function off the request path (no bt.stage): one fused kernel, w packed
-  // inline; scale 2.0 travels as its f32 bits (0x40000000).
+  // a function off the request path (no bt.stage), w packed inline. K = 256:
+  // the tenant path's kernels, the site's adapter as slot 0 of one-slot
+  // tables: a BGMV shrink over zero ids, scaled by 2.0 in f32, then the
+  // expand kernel over the same ids.
   // CHECK-LABEL: func.func @lora
   // CHECK:         %[[SPLIT:.+]] = tensor.expand_shape %arg3
   // CHECK:         %[[S:.+]] = linalg.transpose ins(%[[SPLIT]] {{.+}} outs(%{{.+}} : tensor<8x4x8x64x8xbf16>)
-  // CHECK:         flow.dispatch @stageml_sm90::@stageml_lora_bf16[%{{.+}}, %{{.+}}](%arg0, %[[S]], %arg1, %arg2, %{{.+}}, %c256_i32, %c512_i32, %c8_i32, %c1073741824_i32) : (tensor<?x256xbf16>{%{{.+}}}, tensor<8x4x8x64x8xbf16>, tensor<256x8xbf16>, tensor<8x512xbf16>, i32, i32, i32, i32, i32) -> tensor<?x512xbf16>
+  // CHECK:         %[[IDS:.+]] = linalg.fill ins(%c0_i64 : i64) outs(%{{.+}} : tensor<?xi64>)
+  // CHECK:         %[[X:.+]] = tensor.expand_shape %arg0 {{.+}} into tensor<?x1x256xbf16>
+  // CHECK:         %[[A:.+]] = tensor.expand_shape %arg1 {{.+}} into tensor<1x256x8xbf16>
+  // CHECK:         %[[T:.+]] = flow.dispatch @stageml_sm90::@stageml_bgmv_bf16[%{{.+}}, %c8](%[[X]], %[[IDS]], %[[A]], %{{.+}}, %c256_i32, %c8_i32) : {{.+}} -> tensor<?x1x8xf32>
+  // CHECK:         %[[TS:.+]] = linalg.generic {{.+}} ins(%[[T]] : tensor<?x1x8xf32>)
+  // CHECK:           %[[TWO:.+]] = arith.constant 2.000000e+00 : f32
+  // CHECK:           arith.mulf %{{.+}}, %[[TWO]] : f32
+  // CHECK:         %[[B:.+]] = tensor.expand_shape %arg2 {{.+}} into tensor<1x8x512xbf16>
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_expand_bf16[%{{.+}}, %{{.+}}](%arg0, %[[S]], %[[TS]], %[[IDS]], %[[B]], %{{.+}}, %{{.+}}, %c512_i32, %{{.+}}, %{{.+}}) : (tensor<?x256xbf16>{%{{.+}}}, tensor<8x4x8x64x8xbf16>, tensor<?x1x8xf32>{%{{.+}}}, tensor<?xi64>{%{{.+}}}, tensor<1x8x512xbf16>, i32, i32, i32, i32, i32) -> tensor<?x512xbf16>
   // CHECK-NOT:     linalg.matmul
-  // CHECK-NOT:     stageml_gemm
+  // CHECK-NOT:     stageml_lora
+  // CHECK-NOT:     stageml_gemm_wgmma
   // CHECK:         return
   // REF-LABEL: func.func @lora
   // REF:         %[[SPLIT:.+]] = tensor.expand_shape %arg3
   // REF:         %[[S:.+]] = linalg.transpose ins(%[[SPLIT]]
-  // REF-DAG:     %[[SC:.+]] = tensor.cast %[[S]] : tensor<8x4x8x64x8xbf16> to tensor<?x?x8x64x8xbf16>
-  // REF-DAG:     %[[A:.+]] = tensor.cast %arg1 : tensor<256x8xbf16> to tensor<?x?xbf16>
-  // REF-DAG:     %[[B:.+]] = tensor.cast %arg2 : tensor<8x512xbf16> to tensor<?x?xbf16>
-  // REF:         call @stageml_lora_bf16_reference(%{{.+}}, %[[SC]], %[[A]], %[[B]], %{{.+}}, %c256_i32, %c512_i32, %c8_i32, %c1073741824_i32) : (tensor<?x?xbf16>, tensor<?x?x8x64x8xbf16>, tensor<?x?xbf16>, tensor<?x?xbf16>, i32, i32, i32, i32, i32) -> tensor<?x?xbf16>
+  // REF:         %[[IDS:.+]] = linalg.fill ins(%c0_i64 : i64)
+  // REF:         %[[T:.+]] = call @stageml_bgmv_bf16_reference(%{{.+}}, %[[IDS]], %{{.+}}, %{{.+}}, %c256_i32, %c8_i32) : (tensor<?x1x?xbf16>, tensor<?xi64>, tensor<?x?x?xbf16>, i32, i32, i32) -> tensor<?x1x?xf32>
+  // REF:         arith.mulf
+  // REF:         %[[SC:.+]] = tensor.cast %[[S]] : tensor<8x4x8x64x8xbf16> to tensor<?x?x8x64x8xbf16>
+  // REF:         call @stageml_gemm_expand_bf16_reference(%{{.+}}, %[[SC]], %{{.+}}, %[[IDS]], %{{.+}}, %{{.+}}, %{{.+}}, %c512_i32, %{{.+}}, %{{.+}}) : (tensor<?x?xbf16>, tensor<?x?x8x64x8xbf16>, tensor<?x1x?xf32>, tensor<?xi64>, tensor<?x?x?xbf16>, i32, i32, i32, i32, i32) -> tensor<?x?xbf16>
   // REF-NOT:     linalg.matmul
   // REF:         return
   func.func @lora(%x: tensor<?x256xbf16>, %a: tensor<256x8xbf16>, %b: tensor<8x512xbf16>, %w: tensor<256x512xbf16>) -> tensor<?x512xbf16> {
@@ -817,10 +829,10 @@ module {
   // REF-DAG: func.func private @stageml_gemm_wgmma_bf16_reference(
   // REF-DAG: call @stageml_gemm_bf16_reference(%arg0, %arg1, %arg2, %arg3, %arg4)
   // REF-DAG: func.func private @stageml_lora_f16_reference(
-  // REF-DAG: func.func private @stageml_lora_bf16_reference(
   // REF-DAG: func.func private @stageml_gemm_expand_f16_reference(%{{.+}}: tensor<?x?xf16>, %{{.+}}: tensor<?x?x8x64x8xf16>, %{{.+}}: tensor<?x1x?xf32>, %{{.+}}: tensor<?xi64>, %{{.+}}: tensor<?x?x?xf16>, %{{.+}}: i32, %{{.+}}: i32, %{{.+}}: i32, %{{.+}}: i32, %{{.+}}: i32) -> tensor<?x?xf16> attributes {stageml.reference_of = "stageml_gemm_expand_f16"}
   // REF-DAG: cf.assert %{{.+}}, "stageml_gemm_expand_f16: K must be a multiple of 256, N of 64, and R >= 1"
   // REF-DAG: func.func private @stageml_bgmv_f16_reference(
-  // REF-NOT: stageml_bgmv_bf16_reference
-  // REF-NOT: stageml_gemm_expand_bf16_reference
+  // REF-DAG: func.func private @stageml_bgmv_bf16_reference(
+  // REF-DAG: func.func private @stageml_gemm_expand_bf16_reference(
+  // REF-NOT: stageml_lora_bf16_reference
 }
