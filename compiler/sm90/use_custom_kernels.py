@@ -24,7 +24,8 @@ kernels that read w in tiles (all but BGMV), K and N static multiples of 64:
   → %ids = linalg.fill 0 : tensor<Mxi64>
     %t = flow.dispatch @stageml_sm90::@stageml_bgmv_T[%M, %R](expand_shape %x : Mx1xK, %ids,
            expand_shape %a : 1xKxR, M, K, R)
-    %t2 = linalg.generic {arith.mulf %t, s1*s2}   (where s1*s2 != 1)
+    %t2 = linalg.generic {arith.mulf %t, s1*s2}   (where s1*s2 != 1; where b is adapter
+           state used once, its adapter function multiplies b instead, at load)
     %y = flow.dispatch @stageml_sm90::@stageml_gemm_expand_T[%M, %N](%x, %s, %t2, %ids,
            expand_shape %b : 1xRxN, M, K, N, R, M)
 
@@ -372,7 +373,8 @@ def _site_of(value):
 # -- the tiles --------------------------------------------------------------------
 
 class _Tiles:
-    """Each weight in the kernels' tile layout, packed once, off the request path."""
+    """Each weight in the kernels' tile layout, packed once, off the request path; and other
+    work on adapter state moved into its adapter function."""
 
     def __init__(self, module_op):
         self.module_op = module_op
@@ -380,7 +382,7 @@ class _Tiles:
         self.retyped = []     # functions whose arguments or results changed type
 
     def _adapter(self, w, func):
-        """(the adapter function, its result) that `w`, an argument of `func`, is and may be packed in."""
+        """(the adapter function, its result) that `w`, an argument of `func`, is and may be changed in."""
         result, program = facts.adapter_result(func, w), facts.get(func, facts.PROGRAM)
         if result is None or program is None or not _one_use(w):  # (its type changes for all uses)
             return None
@@ -397,14 +399,7 @@ class _Tiles:
         """`w` packed into tiles (call `available` first)."""
         if w in self.packed:
             return self.packed[w]
-        adapter = self._adapter(w, func)
-        if adapter is not None:
-            adapter, result = adapter
-            ret = list(adapter.regions[0].blocks[0].operations)[-1]
-            with ir.InsertionPoint(ret), ret.location:
-                ret.operands[result] = _pack(ret.operands[result])
-            w.set_type(ret.operands[result].type)
-            self.retyped += [f for f in (adapter, func) if f not in self.retyped]
+        if self.in_adapter(w, func, _pack):
             packed = w
         else:
             argument = isinstance(w.owner, ir.Block)
@@ -413,6 +408,20 @@ class _Tiles:
                 packed = _pack(w)
         self.packed[w] = packed
         return packed
+
+    def in_adapter(self, w, func, transform) -> bool:
+        """Whether `w` (an argument of `func`) is adapter state that now comes `transform`ed from
+        its adapter function (the argument's type follows), else nothing changes."""
+        adapter = self._adapter(w, func)
+        if adapter is None:
+            return False
+        adapter, result = adapter
+        ret = list(adapter.regions[0].blocks[0].operations)[-1]
+        with ir.InsertionPoint(ret), ret.location:
+            ret.operands[result] = transform(ret.operands[result])
+        w.set_type(ret.operands[result].type)
+        self.retyped += [f for f in (adapter, func) if f not in self.retyped]
+        return True
 
 
 def _pack(w) -> ir.Value:
@@ -471,7 +480,7 @@ def _kernel_call(match: _Match, out, result_type, lowering: str, references: dic
 
 
 def _times(value, scale: float) -> ir.Value:
-    """`value` (f32) times the constant `scale`, elementwise."""
+    """`value` times the constant `scale`, elementwise, in its element type."""
     type_ = ir.RankedTensorType(value.type)
     identity = ir.AffineMapAttr.get(ir.AffineMap.get_identity(type_.rank))
     parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
@@ -543,7 +552,7 @@ class _Rewriter:
             found.operands[found.weight] = self.tiles(found.operands[found.weight], func)
         with rewriter.ip, root.location:
             if found.shrink is not None:
-                self._shrink(found)
+                self._shrink(found, func)
             out = root.opview.outputs[0] if found.rows is None else found.rows
             result_type = ir.RankedTensorType(root.results[0].type)
             if found.rows is not None:  # the kernel's [M, N] rows, reshaped to the root's at the end
@@ -562,13 +571,15 @@ class _Rewriter:
             self._reference(f"{match.kernel}_{ir.RankedTensorType(match.operands[0].type).element_type}")
         return _kernel_call(match, out, result_type, self.lowering, self.references)
 
-    def _shrink(self, match: _Match) -> None:
+    def _shrink(self, match: _Match, func) -> None:
         """A one-adapter LoRA site's operands [x, w, a, b] → the expand kernel's [x, w, t, ids, b]:
         the site's one adapter as slot 0 of one-slot tables, every row's id 0, and its shrink
-        t = scale * (x @ a) in f32 by the BGMV kernel,
+        t = x @ a in f32 by the BGMV kernel,
           %ids = linalg.fill 0 : tensor<Mxi64>
           %t = flow.dispatch @stageml_bgmv_T(expand_shape %x : Mx1xK, %ids, expand_shape %a : 1xKxR)
-          %t' = linalg.generic {arith.mulf %t, scale}   (where scale != 1)"""
+        The site's scale (where not 1) multiplies b in its adapter function where b is adapter
+        state used once (in T, at load), else t on the request path (in f32):
+          %t' = linalg.generic {arith.mulf %t, scale}"""
         x, w, a, b = match.operands
         rows, k = dims_of(x)
         (_, rank), (_, n) = ir.RankedTensorType(a.type).shape, ir.RankedTensorType(b.type).shape
@@ -578,7 +589,7 @@ class _Rewriter:
                                          expanded(a, [[0, 1], [2]], [1, k, rank])], [k, rank], weight=None)
         out = tensor.EmptyOp([rows, 1, rank], f32).result
         t = self._call(shrink, out, out.type)
-        if match.shrink != 1.0:
+        if match.shrink != 1.0 and not self.tiles.in_adapter(b, func, lambda v: _times(v, match.shrink)):
             t = _times(t, match.shrink)
         match.operands = [x, w, t, ids, expanded(b, [[0, 1], [2]], [1, rank, n])]
         self.counts["stageml_bgmv"] = self.counts.get("stageml_bgmv", 0) + 1

@@ -378,6 +378,72 @@ module {
     return %y, %z : tensor<?x512xf16>, tensor<?x512xf16>
   }
 
+  // A one-adapter LoRA site on adapter state a, b (K = 256) against the
+  // global w: the site's scale (0.5, on x@A) moves into the adapter
+  // function, which returns b times 0.5; the request path scales nothing.
+  // CHECK-LABEL: func.func @adapter_lora(%arg0: tensor<256x8xf16>, %arg1: tensor<8x512xf16>) -> (tensor<256x8xf16>, tensor<8x512xf16>)
+  // CHECK:         %[[B:.+]] = linalg.generic {{.+}} ins(%arg1 : tensor<8x512xf16>)
+  // CHECK:           %[[HALF:.+]] = arith.constant 5.000000e-01 : f16
+  // CHECK:           arith.mulf %{{.+}}, %[[HALF]] : f16
+  // CHECK:         return %arg0, %[[B]]
+  // CHECK-LABEL: func.func @forward_lora(%arg0: tensor<256x8xf16> {bt.result = 0 : i64}, %arg1: tensor<8x512xf16> {bt.result = 1 : i64}, %arg2: tensor<?x256xf16>)
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_bgmv_f16
+  // CHECK-NOT:     arith.mulf
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_expand_f16
+  // CHECK-NOT:     linalg.matmul
+  // CHECK:         return
+  // REF-LABEL: func.func @adapter_lora
+  // REF:           arith.mulf
+  // REF-LABEL: func.func @forward_lora
+  // REF:         call @stageml_bgmv_f16_reference
+  // REF-NOT:     arith.mulf
+  // REF:         call @stageml_gemm_expand_f16_reference
+  func.func @adapter_lora(%a: tensor<256x8xf16>, %b: tensor<8x512xf16>) -> (tensor<256x8xf16>, tensor<8x512xf16>) attributes {bt.stage = "adapter", bt.program = "lora"} {
+    return %a, %b : tensor<256x8xf16>, tensor<8x512xf16>
+  }
+  func.func @forward_lora(%a: tensor<256x8xf16> {bt.result = 0 : i64}, %b: tensor<8x512xf16> {bt.result = 1 : i64}, %x: tensor<?x256xf16>) -> tensor<?x512xf16> attributes {bt.stage = "dynamic", bt.program = "lora"} {
+    %c0 = arith.constant 0 : index
+    %zero = arith.constant 0.0 : f32
+    %s = arith.constant 0.5 : f16
+    %w = util.global.load @w : tensor<256x512xf16>
+    %m = tensor.dim %x, %c0 : tensor<?x256xf16>
+    %e = tensor.empty(%m) : tensor<?x512xf32>
+    %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<?x512xf32>) -> tensor<?x512xf32>
+    %p = linalg.matmul ins(%x, %w : tensor<?x256xf16>, tensor<256x512xf16>) outs(%acc : tensor<?x512xf32>) -> tensor<?x512xf32>
+    %e16 = tensor.empty(%m) : tensor<?x512xf16>
+    %base = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%p : tensor<?x512xf32>) outs(%e16 : tensor<?x512xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %t = arith.truncf %in : f32 to f16
+      linalg.yield %t : f16
+    } -> tensor<?x512xf16>
+    %er = tensor.empty(%m) : tensor<?x8xf32>
+    %accr = linalg.fill ins(%zero : f32) outs(%er : tensor<?x8xf32>) -> tensor<?x8xf32>
+    %pd = linalg.matmul ins(%x, %a : tensor<?x256xf16>, tensor<256x8xf16>) outs(%accr : tensor<?x8xf32>) -> tensor<?x8xf32>
+    %er16 = tensor.empty(%m) : tensor<?x8xf16>
+    %down = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%pd : tensor<?x8xf32>) outs(%er16 : tensor<?x8xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %t = arith.truncf %in : f32 to f16
+      linalg.yield %t : f16
+    } -> tensor<?x8xf16>
+    %scaled = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%down : tensor<?x8xf16>) outs(%er16 : tensor<?x8xf16>) {
+    ^bb0(%in: f16, %out: f16):
+      %t = arith.mulf %in, %s : f16
+      linalg.yield %t : f16
+    } -> tensor<?x8xf16>
+    %pu = linalg.matmul ins(%scaled, %b : tensor<?x8xf16>, tensor<8x512xf16>) outs(%acc : tensor<?x512xf32>) -> tensor<?x512xf32>
+    %up = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel"]} ins(%pu : tensor<?x512xf32>) outs(%e16 : tensor<?x512xf16>) {
+    ^bb0(%in: f32, %out: f16):
+      %t = arith.truncf %in : f32 to f16
+      linalg.yield %t : f16
+    } -> tensor<?x512xf16>
+    %y = linalg.generic {indexing_maps = [#map, #map, #map], iterator_types = ["parallel", "parallel"]} ins(%base, %up : tensor<?x512xf16>, tensor<?x512xf16>) outs(%e16 : tensor<?x512xf16>) {
+    ^bb0(%in: f16, %in_1: f16, %out: f16):
+      %t = arith.addf %in, %in_1 : f16
+      linalg.yield %t : f16
+    } -> tensor<?x512xf16>
+    return %y : tensor<?x512xf16>
+  }
+
   // A request-path product against an argument that is not adapter state
   // (no bt.result) stays with IREE: its pack would be a pass over the weight
   // per request.
