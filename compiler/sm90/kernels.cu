@@ -229,17 +229,21 @@ __device__ __forceinline__ void epilogue(const float* src, int nsrc, int stride,
 // fewer where x (MT tiles) and a take registers.
 template <int MT, bool LORA> constexpr int kUnroll = MT == 1 ? 8 : MT == 2 ? (LORA ? 4 : 8) : (LORA ? 2 : 4);
 
-// 8 consecutive T (16 bytes) as f32.
-template <typename T> __device__ __forceinline__ void unpack8(uint4 v, float (&f)[8]) {
-  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+// 2 NW consecutive T (NW 32-bit words) as f32.
+template <typename T, int NW> __device__ __forceinline__ void unpack(const uint32_t (&u)[NW], float (&f)[2 * NW]) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < NW; ++i) {
     float2 p;
     if constexpr (IsBf16<T>::value) p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u[i]));
     else p = __half22float2(*reinterpret_cast<const __half2*>(&u[i]));
     f[2 * i] = p.x;
     f[2 * i + 1] = p.y;
   }
+}
+// 8 consecutive T (16 bytes) as f32.
+template <typename T> __device__ __forceinline__ void unpack8(uint4 v, float (&f)[8]) {
+  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+  unpack<T>(u, f);
 }
 
 // GEMV path (M <= MM rows, MM = 1 or 4), CUDA-core FMAs on 16-byte loads.
@@ -573,17 +577,10 @@ template <typename T> struct Expand {
 #pragma unroll 8
         for (int r = 0; r < R; ++r) {
           const uint2 q = *reinterpret_cast<const uint2*>(b + static_cast<size_t>(r) * N);
+          const uint32_t u[2] = {q.x, q.y};
           const float tr = tm[r];
           float f[4];
-          if constexpr (IsBf16<T>::value) {
-            const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.x));
-            const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.y));
-            f[0] = lo.x, f[1] = lo.y, f[2] = hi.x, f[3] = hi.y;
-          } else {
-            const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&q.x));
-            const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&q.y));
-            f[0] = lo.x, f[1] = lo.y, f[2] = hi.x, f[3] = hi.y;
-          }
+          unpack<T>(u, f);
 #pragma unroll
           for (int i = 0; i < 4; ++i) v[i] = fmaf(tr, f[i], v[i]);
         }
