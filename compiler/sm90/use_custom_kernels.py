@@ -562,13 +562,13 @@ class _Rewriter:
             if found.rows is not None:
                 result = expanded(result, [[0, 1], [2]], dims_of(root.opview.outputs[0]))
         rewriter.replace_op(root, [result])
-        self.counts[found.kernel] = self.counts.get(found.kernel, 0) + 1
         return False
 
     def _call(self, match: _Match, out, result_type) -> ir.Value:
-        """`_kernel_call` of `match`, its reference cloned in first where lowering=reference."""
+        """`_kernel_call` of `match`, counted, its reference cloned in first where lowering=reference."""
         if self.lowering == "reference":
             self._reference(f"{match.kernel}_{ir.RankedTensorType(match.operands[0].type).element_type}")
+        self.counts[match.kernel] = self.counts.get(match.kernel, 0) + 1
         return _kernel_call(match, out, result_type, self.lowering, self.references)
 
     def _shrink(self, match: _Match, func) -> None:
@@ -592,7 +592,6 @@ class _Rewriter:
         if match.shrink != 1.0 and not self.tiles.in_adapter(b, func, lambda v: _times(v, match.shrink)):
             t = _times(t, match.shrink)
         match.operands = [x, w, t, ids, expanded(b, [[0, 1], [2]], [1, rank, n])]
-        self.counts["stageml_bgmv"] = self.counts.get("stageml_bgmv", 0) + 1
 
     def _reference(self, kernel: str) -> None:
         """Clones `kernel`'s reference function into the module (once), with the functions it calls."""
