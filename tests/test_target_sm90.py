@@ -125,10 +125,10 @@ def test_wgmma_kernels_keep_their_dynamic_shared_memory(tenant_artifact):
         for name in ("stageml_gemm_wgmma_f16", "stageml_gemm_expand_f16"):
             export = exports[name]
             assert ir.IntegerAttr(export.attributes["workgroup_local_memory"]).value == 197632
-            assert [ir.IntegerAttr(d).value for d in ir.ArrayAttr(export.attributes["workgroup_size"])] == [256, 1, 1]
+            assert [ir.IntegerAttr(d).value for d in ir.ArrayAttr(export.attributes["workgroup_size"])] == [288, 1, 1]
         assert "workgroup_local_memory" not in exports["stageml_bgmv_f16"].attributes
-    # the CUDA ExportDef (flatbuffer): block_dims (256, 1, 1), then block_shared_memory_size
-    assert struct.pack("<4I", 256, 1, 1, 197632) in art.vmfb
+    # the CUDA ExportDef (flatbuffer): block_dims (288, 1, 1), then block_shared_memory_size
+    assert struct.pack("<4I", 288, 1, 1, 197632) in art.vmfb
 
 
 @needs_nvcc

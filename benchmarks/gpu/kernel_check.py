@@ -37,7 +37,8 @@ DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 DTYPES_NAME = {v: k for k, v in DTYPES.items()}
 STREAM_MAX_M, STREAM_COLS, TILE = 64, 32, 64  # kernels.cu's grid constants
 STRIP, TILE_W = 8, 64  # w's tile layout [N/64][K/64][8][64][8]: 64x64 tiles of 8-column strips
-WG_COLS, WG_SPLIT, WG_TOKENS, WG_SMEM = 64, 2, 256, 197632  # stageml_gemm_wgmma's grid and shared memory
+WG_COLS, WG_PAIR, WG_SPLIT_MAX_M, WG_SMEM = 64, 2, 128, 197632  # stageml_gemm_wgmma's grid and shared memory
+WG_THREADS = (288, 1, 1)  # stageml_gemm_wgmma's block: 2 warpgroups and a producer warp
 BGMV_SPLIT = 8  # stageml_bgmv's k-chunks: its cluster along z
 THREADS = (256, 1, 1)
 SCALE = 0.5
@@ -55,8 +56,12 @@ def grid(M: int, N: int) -> tuple:
 
 
 def wgmma_grid(M: int, N: int) -> tuple:
-    """stageml_gemm_wgmma's grid: 64 columns by a cluster of 2 K-halves by 256 rows."""
-    return (N // WG_COLS, WG_SPLIT, max(1, math.ceil(M / WG_TOKENS)))
+    """stageml_gemm_wgmma's grid (kernels.cu): clusters of 2 blocks along x, the 2 halves of K of
+    64 columns where M <= 128, else 2 column tiles of 64 over tiles of 128 rows (256 past 256 rows)."""
+    if M <= WG_SPLIT_MAX_M:
+        return (WG_PAIR * math.ceil(N / WG_COLS), 1, 1)
+    rows = 128 if M <= 256 else 256
+    return (WG_PAIR * math.ceil(N / (WG_PAIR * WG_COLS)), 1, math.ceil(M / rows))
 
 
 class Kernels:
@@ -73,12 +78,13 @@ class Kernels:
 
     def gemm_wgmma(self, dtype: str, x, w, y, M: int, K: int, N: int) -> None:
         """N % 64 == 0 and K % 256 == 0 (kernels.cu)."""
-        self._launch(f"stageml_gemm_wgmma_{dtype}", (x, w, y), M, N, [M, K, N], wgmma_grid(M, N), WG_SMEM)
+        self._launch(f"stageml_gemm_wgmma_{dtype}", (x, w, y), M, N, [M, K, N], wgmma_grid(M, N), WG_SMEM,
+                     WG_THREADS)
 
     def gemm_expand(self, dtype: str, x, w, t, ids, table, y, M: int, K: int, N: int, R: int, rows: int) -> None:
         """y = x @ w + t @ table[ids] (t f32 [M, R], table [S, R, N]); N % 64 == 0 and K % 256 == 0."""
         self._launch(f"stageml_gemm_expand_{dtype}", (x, w, t, ids, table, y), M, N, [M, K, N, R, rows],
-                     wgmma_grid(M, N), WG_SMEM)
+                     wgmma_grid(M, N), WG_SMEM, WG_THREADS)
 
     def lora(self, dtype: str, x, w, a, b, y, M: int, K: int, N: int, R: int, scale: float) -> None:
         bits = int(np.float32(scale).view(np.uint32))
@@ -88,10 +94,11 @@ class Kernels:
         self._launch(f"stageml_bgmv_{dtype}", (x, ids, table, y), B, N, [B, K, N],
                      ((N + STREAM_COLS - 1) // STREAM_COLS, max(B, 1), BGMV_SPLIT))
 
-    def _launch(self, name: str, buffers, M: int, N: int, constants: list, blocks=None, smem: int = 0) -> None:
+    def _launch(self, name: str, buffers, M: int, N: int, constants: list, blocks=None, smem: int = 0,
+                threads: tuple = THREADS) -> None:
         args = tuple(np.uint64(t.data_ptr()) for t in buffers) + tuple(np.uint32(c) for c in constants)
         with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-            self.fns[name](blocks or grid(M, N), THREADS, args, shared_mem=smem)
+            self.fns[name](blocks or grid(M, N), threads, args, shared_mem=smem)
 
 
 # --- inputs (shared with tests/test_kernels_gpu.py) ------------------------------

@@ -13,15 +13,17 @@
 // to PTX by build.py; use-custom-kernels clones it into a residual that uses
 // one. Each export follows IREE's CUDA ABI: the kernel's parameters are its
 // bindings (inputs, then the output) and then its constants, all i32. Every
-// kernel runs 256 threads per block; its grid comes from the workload (M, N),
-// by the formula kernels.cu documents: for GEMM and LoRA, one block per 32
-// columns when M <= 64 (the memory-bound regimes), else one per 64x64 tile;
-// for the wgmma GEMM and the GEMM with a fused expand, (N/64, 2,
-// max(1, ceil(M/256))), the 2 blocks along y one thread-block cluster that
-// splits K in halves (the cluster shape is compiled into the kernel), each
-// block with 197632 bytes of dynamic shared memory, which IREE's CUDA runtime
-// sets and launches with (`workgroup_local_memory`); for BGMV, one per 32
-// columns of each row.
+// kernel runs 256 threads per block (the wgmma GEMM and the GEMM with a fused
+// expand: 288, two warpgroups and a producer warp); its grid comes from the
+// workload (M, N), by the formula kernels.cu documents: for GEMM and LoRA, one
+// block per 32 columns when M <= 64 (the memory-bound regimes), else one per
+// 64x64 tile; for the wgmma GEMM and the GEMM with a fused expand, clusters of
+// 2 blocks along x (the cluster shape is compiled into the kernel): where
+// M <= 128, (2 ceil(N/64), 1, 1), a cluster the two halves of K of 64 columns;
+// else (2 ceil(N/128), 1, ceil(M/rows)), rows 128 (256 past 256 rows), a
+// cluster two column tiles of 64 that share x. Each block has 197632 bytes of
+// dynamic shared memory, which IREE's CUDA runtime sets and launches with
+// (`workgroup_local_memory`); for BGMV, one per 32 columns of each row.
 #sm90 = #hal.executable.target<"cuda", "cuda-nvptx-fb", {
   iree_codegen.target_info = #iree_gpu.target<arch = "sm_90", features = "+ptx80",
     wgp = <compute = fp64|fp32|fp16|int64|int32|int16|int8, storage = b64|b32|b16|b8,
@@ -137,49 +139,85 @@ module attributes {hal.device.targets = [#hal.device.target<"cuda", [#sm90]> : !
     hal.executable.export public @stageml_gemm_wgmma_f16 ordinal(6) layout(#gemm)
         count(%device: !hal.device, %m: index, %n: index) -> (index, index, index) {
       %c1 = arith.constant 1 : index
+      %pair = arith.constant 2 : index
       %cols = arith.constant 64 : index
-      %cluster = arith.constant 2 : index
-      %rows = arith.constant 256 : index
-      %x = arith.ceildivui %n, %cols : index
-      %row_blocks = arith.ceildivui %m, %rows : index
-      %z = arith.maxui %row_blocks, %c1 : index
-      hal.return %x, %cluster, %z : index, index, index
-    } <workgroup_size = [256 : index, 1 : index, 1 : index], workgroup_local_memory = 197632>
+      %pair_cols = arith.constant 128 : index
+      %tile = arith.constant 128 : index
+      %large_tile = arith.constant 256 : index
+      %split = arith.cmpi ule, %m, %tile : index
+      %col_tiles = arith.ceildivui %n, %cols : index
+      %pairs = arith.ceildivui %n, %pair_cols : index
+      %halves = arith.muli %col_tiles, %pair : index
+      %paired = arith.muli %pairs, %pair : index
+      %x = arith.select %split, %halves, %paired : index
+      %large = arith.cmpi ugt, %m, %large_tile : index
+      %rows = arith.select %large, %large_tile, %tile : index
+      %row_tiles = arith.ceildivui %m, %rows : index
+      %z = arith.select %split, %c1, %row_tiles : index
+      hal.return %x, %c1, %z : index, index, index
+    } <workgroup_size = [288 : index, 1 : index, 1 : index], workgroup_local_memory = 197632>
 
     hal.executable.export public @stageml_gemm_wgmma_bf16 ordinal(7) layout(#gemm)
         count(%device: !hal.device, %m: index, %n: index) -> (index, index, index) {
       %c1 = arith.constant 1 : index
+      %pair = arith.constant 2 : index
       %cols = arith.constant 64 : index
-      %cluster = arith.constant 2 : index
-      %rows = arith.constant 256 : index
-      %x = arith.ceildivui %n, %cols : index
-      %row_blocks = arith.ceildivui %m, %rows : index
-      %z = arith.maxui %row_blocks, %c1 : index
-      hal.return %x, %cluster, %z : index, index, index
-    } <workgroup_size = [256 : index, 1 : index, 1 : index], workgroup_local_memory = 197632>
+      %pair_cols = arith.constant 128 : index
+      %tile = arith.constant 128 : index
+      %large_tile = arith.constant 256 : index
+      %split = arith.cmpi ule, %m, %tile : index
+      %col_tiles = arith.ceildivui %n, %cols : index
+      %pairs = arith.ceildivui %n, %pair_cols : index
+      %halves = arith.muli %col_tiles, %pair : index
+      %paired = arith.muli %pairs, %pair : index
+      %x = arith.select %split, %halves, %paired : index
+      %large = arith.cmpi ugt, %m, %large_tile : index
+      %rows = arith.select %large, %large_tile, %tile : index
+      %row_tiles = arith.ceildivui %m, %rows : index
+      %z = arith.select %split, %c1, %row_tiles : index
+      hal.return %x, %c1, %z : index, index, index
+    } <workgroup_size = [288 : index, 1 : index, 1 : index], workgroup_local_memory = 197632>
 
     hal.executable.export public @stageml_gemm_expand_f16 ordinal(8) layout(#expand)
         count(%device: !hal.device, %m: index, %n: index) -> (index, index, index) {
       %c1 = arith.constant 1 : index
+      %pair = arith.constant 2 : index
       %cols = arith.constant 64 : index
-      %cluster = arith.constant 2 : index
-      %rows = arith.constant 256 : index
-      %x = arith.ceildivui %n, %cols : index
-      %row_blocks = arith.ceildivui %m, %rows : index
-      %z = arith.maxui %row_blocks, %c1 : index
-      hal.return %x, %cluster, %z : index, index, index
-    } <workgroup_size = [256 : index, 1 : index, 1 : index], workgroup_local_memory = 197632>
+      %pair_cols = arith.constant 128 : index
+      %tile = arith.constant 128 : index
+      %large_tile = arith.constant 256 : index
+      %split = arith.cmpi ule, %m, %tile : index
+      %col_tiles = arith.ceildivui %n, %cols : index
+      %pairs = arith.ceildivui %n, %pair_cols : index
+      %halves = arith.muli %col_tiles, %pair : index
+      %paired = arith.muli %pairs, %pair : index
+      %x = arith.select %split, %halves, %paired : index
+      %large = arith.cmpi ugt, %m, %large_tile : index
+      %rows = arith.select %large, %large_tile, %tile : index
+      %row_tiles = arith.ceildivui %m, %rows : index
+      %z = arith.select %split, %c1, %row_tiles : index
+      hal.return %x, %c1, %z : index, index, index
+    } <workgroup_size = [288 : index, 1 : index, 1 : index], workgroup_local_memory = 197632>
 
     hal.executable.export public @stageml_gemm_expand_bf16 ordinal(9) layout(#expand)
         count(%device: !hal.device, %m: index, %n: index) -> (index, index, index) {
       %c1 = arith.constant 1 : index
+      %pair = arith.constant 2 : index
       %cols = arith.constant 64 : index
-      %cluster = arith.constant 2 : index
-      %rows = arith.constant 256 : index
-      %x = arith.ceildivui %n, %cols : index
-      %row_blocks = arith.ceildivui %m, %rows : index
-      %z = arith.maxui %row_blocks, %c1 : index
-      hal.return %x, %cluster, %z : index, index, index
-    } <workgroup_size = [256 : index, 1 : index, 1 : index], workgroup_local_memory = 197632>
+      %pair_cols = arith.constant 128 : index
+      %tile = arith.constant 128 : index
+      %large_tile = arith.constant 256 : index
+      %split = arith.cmpi ule, %m, %tile : index
+      %col_tiles = arith.ceildivui %n, %cols : index
+      %pairs = arith.ceildivui %n, %pair_cols : index
+      %halves = arith.muli %col_tiles, %pair : index
+      %paired = arith.muli %pairs, %pair : index
+      %x = arith.select %split, %halves, %paired : index
+      %large = arith.cmpi ugt, %m, %large_tile : index
+      %rows = arith.select %large, %large_tile, %tile : index
+      %row_tiles = arith.ceildivui %m, %rows : index
+      %z = arith.select %split, %c1, %row_tiles : index
+      hal.return %x, %c1, %z : index, index, index
+    } <workgroup_size = [288 : index, 1 : index, 1 : index], workgroup_local_memory = 197632>
   }
 }

@@ -43,12 +43,14 @@
 //
 // ABI (IREE CUDA): bindings as pointers in order (inputs, then y), then the
 // push constants as 32-bit values. Buffers are dense and row-major, but w in tiles.
-// Block: 256 x 1 x 1 threads. Grid, from M and N:
+// Block: 256 x 1 x 1 threads (gemm_wgmma, gemm_expand: 288). Grid, from M and N:
 //   gemm, lora   M <= 64: (ceil(N / 32), 1, 1)       GEMV and streaming paths
 //                M >  64: (ceil(N / 64), ceil(M / 64), 1)  tiled path
 //                M = 0 launches ceil(N / 32) blocks, which return at once.
-//   gemm_wgmma, gemm_expand: (N / 64, 2, max(1, ceil(M / 256))), clusters of
-//                (1, 2, 1) (compiled in), 197632 bytes of dynamic shared memory.
+//   gemm_wgmma, gemm_expand: clusters of (2, 1, 1) (compiled in), 197632 bytes of dynamic
+//                shared memory; M <= 128: (2 ceil(N / 64), 1, 1) (a cluster: the two halves
+//                of K of 64 columns); M > 128: (2 ceil(N / 128), 1, ceil(M / rows)), rows
+//                128 up to 256 rows, else 256 (a cluster: two column tiles of 64 sharing x).
 //
 // Caller guarantees: K and N multiples of 64 (gemm_wgmma, gemm_expand: K of 256); 0 <= M;
 // lora: 1 <= R <= 32; gemm_expand: 1 <= R; M*K, K*N, M*N < 2^31; pointers aligned to their element.
@@ -85,19 +87,23 @@
 // wgmma path (gemm_wgmma, gemm_expand; x and w 16-byte aligned): A and B swapped, so w is
 // the wgmma's M side and the tokens its N: a block computes y^T for 64 columns of w and up
 // to 256 tokens (wgmma m64nNk16, N = 16/32/64/128/256, the smallest that covers the block's
-// rows) over one half of K; the two blocks of a cluster take the two halves and add them
-// through distributed shared memory, each writing half of the tokens (no workspace, a
-// fixed order of sums). A ring of up to 8 stages in shared memory: w's tiles by one TMA
-// bulk copy a stage (completing on the stage's mbarrier); x's rows, 64 k to a 128-byte row
-// in the 128-byte swizzle, by TMA tensor copies where the block has more than 32 rows (the
-// tensor map built on the device, in a per-SM slot of global memory), else by cp.async.
+// rows). Up to 128 rows, over one half of K: the two blocks of a cluster take the two halves
+// and add them through distributed shared memory, each writing half of the tokens (no
+// workspace, a fixed order of sums). Beyond, over all of K for a tile of rows: the two blocks
+// of a cluster are neighbouring column tiles, and each stage's x is copied once, by TMA
+// multicast into both (as measured on an H200: 256 rows 27.3 -> 25.3 µs, 512 rows 50.7 -> 36.1;
+// at 65-128 rows the split kept 2-5 µs ahead). A ring of up to 8 stages in shared memory: w's
+// tiles by one TMA bulk copy a stage (completing on the stage's mbarrier); x's rows, 64 k to
+// a 128-byte row in the 128-byte swizzle, by TMA tensor copies where the block has more than
+// 32 rows (the tensor map built on the device, in a per-SM slot of global memory; the copies
+// issued by a producer warp, which refills a slot once the warpgroups that read it, in both
+// blocks where they share x, arrive on its empty barrier), else by cp.async.
 // Both operands feed wgmma from shared memory by descriptor (w: no swizzle, 128 bytes to
 // the next core matrix along k, 1024 along M; x: 128-byte swizzle, 1024 bytes per 8 rows).
 // As measured on an H200, 16-byte cp.async of x capped a block near 36 GB/s and 8x8 core
 // matrices spread each 128-byte line of x over several L2 requests; TMA lifts both. The two
 // warpgroups take the first and the second half of each stage's k16 steps
-// and their partial tiles are added in the epilogue; one wgmma group stays in flight
-// while the next stage's copies are issued, stages ahead.
+// and their partial tiles are added in the epilogue; one wgmma group stays in flight.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -769,12 +775,15 @@ __device__ __forceinline__ void bgmv(const T* x, const int64_t* ids, const T* ta
 // ---- wgmma path (stageml_gemm_wgmma) ------------------------------------------
 
 constexpr int kWgCols = 64;        // columns of w (the wgmma M side) per block
-constexpr int kWgSplit = 2;        // blocks per cluster along y, each one half of K
-constexpr int kWgMaxTokens = 256;  // rows of x per block; more rows take more blocks along z
+constexpr int kWgPair = 2;         // blocks per cluster (along x)
+constexpr int kWgSplitMaxM = 128;  // M at most this: a pair splits K; else it is 2 column tiles sharing x
+// Rows of x per block where a pair shares x (M > kWgSplitMaxM): more rows take more blocks along z.
+__device__ __forceinline__ int wg_tile_rows(int M) { return M <= 256 ? 128 : 256; }
 constexpr int kWgRing = 196608;    // bytes of shared memory for the pipeline stages
 constexpr int kWgSmem = kWgRing + 1024;  // and the stages' mbarriers (hopper.mlir: workgroup_local_memory)
 constexpr int kWgRedLd = kWgCols + 4;    // f32 row stride of the partial tiles (conflict-free)
 constexpr int kWgTileBytes = kTileW * kTileW * 2;  // one 64 x 64 tile of w
+constexpr int kWgThreads = kThreads + 32;  // 2 warpgroups that compute and a producer warp
 
 // k per pipeline stage (two tiles of w while x is small, else one) and stages (at most 8).
 template <int NT> constexpr int kWgK = NT <= 64 ? 2 * kTileW : kTileW;
@@ -808,6 +817,11 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
     asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
                  : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
 }
+// One arrival on block `rank`'s mbarrier at the address `bar` has in this block (its own or its
+// cluster peer's).
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar, uint32_t rank) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr(bar, rank)) : "memory");
+}
 // TMA bulk copy global -> shared, `bytes` (a multiple of 16) completing on `bar`.
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
@@ -821,8 +835,9 @@ constexpr int kMaxSms = 256;
 __device__ __align__(128) uint8_t wg_tensor_maps[kMaxSms][128];
 
 // The tensor map of x [M, K] (T, row-major), boxes of 64 k x `rows` rows in the 128-byte
-// swizzle, zeros past M, built in `staging` (128 bytes of shared memory, 128-aligned) by warp 0
-// and published to this SM's slot; returns the slot. Thread 0 must fence before using it.
+// swizzle, zeros past M, built in `staging` (128 bytes of shared memory, 128-aligned) by the
+// calling warp (all of it) and published to this SM's slot; returns the slot. The thread that
+// uses it must fence first (tensor_map_acquire).
 template <typename T>
 __device__ __forceinline__ const void* x_tensor_map(const T* x, int M, int K, int rows, uint8_t* staging) {
   uint32_t sm, sms;
@@ -830,11 +845,11 @@ __device__ __forceinline__ const void* x_tensor_map(const T* x, int M, int K, in
   asm volatile("mov.u32 %0, %%nsmid;" : "=r"(sms));
   if (sms > kMaxSms) __trap();
   uint8_t* slot = wg_tensor_maps[sm];
-  const int tid = threadIdx.x;
-  if (tid < 32) {
-    reinterpret_cast<uint32_t*>(staging)[tid] = 0u;
+  const int lane = threadIdx.x & 31;
+  {
+    reinterpret_cast<uint32_t*>(staging)[lane] = 0u;
     __syncwarp();
-    if (tid == 0) {
+    if (lane == 0) {
       const uint32_t t = smem_addr(staging);
       asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;" ::"r"(t), "l"(x) : "memory");
       asm volatile("tensormap.replace.tile.rank.shared::cta.b1024.b32 [%0], 1;" ::"r"(t) : "memory");
@@ -869,6 +884,14 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const void* map, int c0, 
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                " [%0], [%1, {%2, %3}], [%4];"
                ::"r"(smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(smem_addr(bar)) : "memory");
+}
+
+// tma_load_2d into the same offset of both blocks of the cluster, each completing on its own
+// mbarrier at the offset of `bar`.
+__device__ __forceinline__ void tma_load_2d_pair(void* dst, const void* map, int c0, int c1, uint64_t* bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+               " [%0], [%1, {%2, %3}], [%4], %5;"
+               ::"r"(smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(smem_addr(bar)), "h"(uint16_t{3}) : "memory");
 }
 
 template <int N> __device__ __forceinline__ void wgmma_fence_operands(float (&d)[N]) {
@@ -921,116 +944,163 @@ STAGEML_WGMMA_SHAPE(256,
                     "%130", STAGEML_D64(0), STAGEML_D64(64))
 
 
-// One block: y^T[n0 .. n0+64, m0 .. m0+NT] over its half of K, the halves summed across the
-// cluster. Warpgroup g takes the k16 steps [g * KS/2, (g+1) * KS/2) of every stage.
+// The k16 steps of one stage by warpgroup wg (< 2) into d: steps [wg * KS/2, (wg+1) * KS/2) of
+// w's KD/64 tiles at ws and x's KD/64 swizzled blocks at xs; one wgmma group, committed.
+template <typename T, int NT, int KD>
+__device__ __forceinline__ void wgmma_stage(float (&d)[NT / 2], const uint8_t* ws, const uint8_t* xs, int wg) {
+  constexpr int KS = KD / 16;
+  wgmma_fence_operands(d);
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+  for (int i = 0; i < KS / 2; ++i) {
+    const int j = wg * (KS / 2) + i;  // k16 step: tile j / 4 of w, k-groups 2 (j % 4) and on
+    Wgmma<NT>::template run<T>(d, wg_desc(ws + j / 4 * kWgTileBytes + j % 4 * 256, 1024),
+                               wg_desc_sw128(xs + j / 4 * NT * 128 + j % 4 * 32));
+  }
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+// One block: y^T[n0 .. n0+64, m0 .. m0+NT]. Warpgroups 0 and 1 (threads 0-255) compute, warpgroup
+// g taking the k16 steps [g * KS/2, (g+1) * KS/2) of every stage; warp 8 (threads 256-287) is the
+// producer where x comes by TMA. The two blocks of a cluster (rank = blockIdx.x % 2) are either
+// (split) the two halves of K of one column tile, their partial tiles summed through distributed
+// shared memory, or (shared) two neighbouring column tiles over all of K that share x: stage kt's
+// rows are copied by the block of rank kt % 2 and multicast to both, and a slot is refilled only
+// once both blocks are done with it. A block past N's columns (odd N/64) still copies its share.
 template <typename T, int NT>
 __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, int K, int N, const Expand<T>& ex,
                                            uint8_t* smem) {
-  constexpr int S = kWgStages<NT>, KD = kWgK<NT>, KS = KD / 16;
+  constexpr int S = kWgStages<NT>, KD = kWgK<NT>;
   constexpr int W_BYTES = kWgCols * KD * 2, X_BYTES = NT * KD * 2;
   static_assert(S >= 3 && S <= 16 && S * (W_BYTES + X_BYTES) <= kWgRing && 2 * NT * kWgRedLd * 4 <= kWgRing &&
-                    kWgRing + 256 <= kWgSmem, "shared memory: the ring, then mbarriers, then x's tensor map");
+                    kWgRing + 384 <= kWgSmem, "shared memory: the ring, then full barriers, x's tensor map, empty barriers");
   uint8_t* wst = smem;
   uint8_t* xst = smem + S * W_BYTES;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kWgRing);
+  uint64_t* empty = reinterpret_cast<uint64_t*>(smem + kWgRing + 256);
   const int tid = threadIdx.x, wg = tid >> 7;
-  const int n0 = blockIdx.x * kWgCols, m0 = blockIdx.z * kWgMaxTokens, rows = min(NT, M - m0);
   const uint32_t rank = cluster_rank();
-  const int kh = K / kWgSplit, k_begin = static_cast<int>(rank) * kh, KT = kh / KD;
+  const bool split = M <= kWgSplitMaxM;
+  const int n0 = (split ? blockIdx.x / kWgPair : blockIdx.x) * kWgCols;
+  const int m0 = split ? 0 : blockIdx.z * wg_tile_rows(M), rows = min(NT, M - m0);
+  const int k_begin = split ? static_cast<int>(rank) * (K / kWgPair) : 0, KT = (split ? K / kWgPair : K) / KD;
+  const bool has_w = n0 < N, multicast = !split && NT >= 64;
+  // Stage kt: k-block (kt + pair) % KT (the pairs start at different k, so that they do not all
+  // read the same rows of x at once), w's KD/64 tiles (contiguous: one bulk copy) and x's rows as
+  // KD/64 blocks [NT][128 bytes] of 64 k in the 128-byte swizzle.
+  const auto k_of = [&](int kt) { return k_begin + (kt + static_cast<int>(blockIdx.x) / kWgPair) % KT * KD; };
   if (tid == 0) {
-    for (int s = 0; s < S; ++s) mbar_init(&full[s], 1);
+    for (int s = 0; s < S; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], multicast ? 2 * kWgPair : 2);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  __syncthreads();
+  cluster_sync();  // both blocks' barriers are set before either multicasts
 
-  // Stage kt into slot kt % S: k-block (kt + blockIdx.x) % KT (the column tiles start at different
-  // k, so that they do not all read the same rows of x at once), w's KD/64 tiles (contiguous: one
-  // bulk copy) and x's rows as KD/64 blocks [NT][128 bytes] of 64 k in the 128-byte swizzle.
-  // Where NT >= 64, x comes by TMA, a box per 64 k holding only the block's rows (TMA's fill of
-  // rows past M is slow): the rest of the NT rows keep stale bytes, which reach only the products
-  // of rows that are never stored. Below, every thread cp.asyncs 16-byte chunks (zeros past the
-  // rows): there the build of a tensor map (~1 µs) costs more than TMA saves.
-  constexpr bool kTmaX = NT >= 64;
-  const void* map = nullptr;  // x's tensor map, where kTmaX
-  const auto load = [&](int kt) {  // kTmaX: by thread 0; else by every thread, one cp.async group each
-    const int slot = kt % S, k0 = k_begin + (kt + static_cast<int>(blockIdx.x)) % KT * KD;
-    if (kt < KT && (!kTmaX || tid == 0)) {
-      if (tid == 0) {
-        mbar_expect_tx(&full[slot], W_BYTES + (kTmaX ? rows * KD * 2 : 0));
-        bulk_copy(wst + slot * W_BYTES, w + w_at(k0, n0, K), W_BYTES, &full[slot]);
+  float d[NT / 2];
+#pragma unroll
+  for (int i = 0; i < NT / 2; ++i) d[i] = 0.f;
+  if constexpr (NT >= 64) {
+    // x by TMA, a box per 64 k holding only the block's rows (TMA's fill of rows past M is slow):
+    // the rest of the NT rows keep stale bytes, which reach only the products of rows that are
+    // never stored. The producer fills slot kt % S once its previous stage is released: one
+    // arrival per warpgroup (of both blocks, where they share x) after the wgmma that read it.
+    if (tid >= kThreads) {
+      const void* map = x_tensor_map(x, M, K, rows, smem + kWgRing + 128);
+      if (tid == kThreads) {
+        tensor_map_acquire(map);
+        for (int kt = 0; kt < KT; ++kt) {
+          const int slot = kt % S, k0 = k_of(kt);
+          if (kt >= S) mbar_wait(&empty[slot], (kt / S - 1) & 1);
+          mbar_expect_tx(&full[slot], (has_w ? W_BYTES : 0) + rows * KD * 2);
+          if (has_w) bulk_copy(wst + slot * W_BYTES, w + w_at(k0, n0, K), W_BYTES, &full[slot]);
+          if (!multicast || kt % kWgPair == static_cast<int>(rank))
+            for (int h = 0; h < KD / 64; ++h) {
+              uint8_t* dst = xst + slot * X_BYTES + h * NT * 128;
+              if (multicast) tma_load_2d_pair(dst, map, k0 + h * 64, m0, &full[slot]);
+              else tma_load_2d(dst, map, k0 + h * 64, m0, &full[slot]);
+            }
+        }
       }
-      if constexpr (kTmaX) {
-        for (int h = 0; h < KD / 64; ++h)
-          tma_load_2d(xst + slot * X_BYTES + h * NT * 128, map, k0 + h * 64, m0, &full[slot]);
-      } else {
+    } else {
+      for (int kt = 0; kt < KT; ++kt) {
+        const int slot = kt % S;
+        mbar_wait(&full[slot], (kt / S) & 1);
+        wgmma_stage<T, NT, KD>(d, wst + slot * W_BYTES, xst + slot * X_BYTES, wg);
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // stage kt - 1 done
+        wgmma_fence_operands(d);
+        if (kt > 0 && (tid & 127) == 0) {
+          mbar_arrive(&empty[(kt - 1) % S], rank);
+          if (multicast) mbar_arrive(&empty[(kt - 1) % S], rank ^ 1);
+        }
+      }
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+      wgmma_fence_operands(d);
+    }
+  } else {
+    // Few rows: the 256 threads that compute cp.async 16-byte chunks of x (zeros past the rows),
+    // the copies of stage kt issued once both warpgroups are done with stage kt - 2 (a barrier of
+    // the 256 a stage): there the build of a tensor map (~1 µs) costs more than TMA saves.
+    const auto load = [&](int kt) {  // one cp.async group a thread; w by thread 0
+      const int slot = kt % S, k0 = k_of(kt);
+      if (kt < KT) {
+        if (tid == 0) {
+          mbar_expect_tx(&full[slot], has_w ? W_BYTES : 0);
+          if (has_w) bulk_copy(wst + slot * W_BYTES, w + w_at(k0, n0, K), W_BYTES, &full[slot]);
+        }
         for (int q = tid; q < NT * KD / 8; q += kThreads) {  // zeros past the rows
           const int h = q / (NT * 8), row = q / 8 % NT, c = q & 7;
           cp_async16(xst + slot * X_BYTES + h * NT * 128 + row * 128 + ((c ^ (row & 7)) << 4),
                      row < rows ? x + static_cast<size_t>(m0 + row) * K + k0 + h * 64 + c * 8 : x, row < rows);
         }
       }
+      cp_async_commit();
+    };
+    if (tid < kThreads) {
+      for (int kt = 0; kt < S - 2; ++kt) load(kt);
+      for (int kt = 0; kt < KT; ++kt) {
+        const int slot = kt % S;
+        cp_async_wait<S - 3>();  // this thread's rows of x for stage kt
+        mbar_wait(&full[slot], (kt / S) & 1);  // w for stage kt
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // seen by wgmma
+        asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");  // stage kt is in; kt - 2 is done
+        load(kt + S - 2);  // into stage kt - 2's slot
+        wgmma_stage<T, NT, KD>(d, wst + slot * W_BYTES, xst + slot * X_BYTES, wg);
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // stage kt - 1 done
+        wgmma_fence_operands(d);
+      }
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+      wgmma_fence_operands(d);
+      cp_async_wait<0>();
     }
-    if constexpr (!kTmaX) cp_async_commit();
-  };
-  if constexpr (kTmaX) {
-    map = x_tensor_map(x, M, K, rows, smem + kWgRing + 128);
-    if (tid == 0) tensor_map_acquire(map);
   }
-  for (int kt = 0; kt < S - 2; ++kt) load(kt);
-
-  float d[NT / 2];
-#pragma unroll
-  for (int i = 0; i < NT / 2; ++i) d[i] = 0.f;
-  for (int kt = 0; kt < KT; ++kt) {
-    const int slot = kt % S;
-    if constexpr (!kTmaX) cp_async_wait<S - 3>();  // this thread's rows of x for stage kt
-    mbar_wait(&full[slot], (kt / S) & 1);  // w (and by TMA, x) for stage kt
-    if constexpr (!kTmaX) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // seen by wgmma
-    __syncthreads();  // all of stage kt is in; both warpgroups are done with stage kt - 2
-    load(kt + S - 2);  // into stage kt - 2's slot
-    const uint8_t* ws = wst + slot * W_BYTES;
-    const uint8_t* xs = xst + slot * X_BYTES;
-    wgmma_fence_operands(d);
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-    for (int i = 0; i < KS / 2; ++i) {
-      const int j = wg * (KS / 2) + i;  // k16 step: tile j / 4 of w, k-groups 2 (j % 4) and on
-      Wgmma<NT>::template run<T>(d, wg_desc(ws + j / 4 * kWgTileBytes + j % 4 * 256, 1024),
-                                 wg_desc_sw128(xs + j / 4 * NT * 128 + j % 4 * 32));
-    }
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // stage kt - 1 done
-    wgmma_fence_operands(d);
-  }
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-  wgmma_fence_operands(d);
-  if constexpr (!kTmaX) cp_async_wait<0>();
-  __syncthreads();  // the stages are free
+  __syncthreads();  // the stages are free (every copy into them, the peer's multicasts included, landed)
 
   // The warpgroups' partial tiles, red[g][token][column] in f32. Accumulator d[4j + 2h + e] is
   // column 16 * warp + lane / 4 + 8h, token 8j + 2 * (lane % 4) + e.
   float* red = reinterpret_cast<float*>(smem);
   const int lane = tid & 31, col = ((tid >> 5) & 3) * 16 + (lane >> 2);
-  float* mine = red + wg * NT * kWgRedLd;
+  if (wg < 2) {
+    float* mine = red + wg * NT * kWgRedLd;
 #pragma unroll
-  for (int j = 0; j < NT / 8; ++j)
+    for (int j = 0; j < NT / 8; ++j)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) mine[(8 * j + 2 * (lane & 3) + e) * kWgRedLd + col + 8 * h] = d[4 * j + 2 * h + e];
+        for (int e = 0; e < 2; ++e) mine[(8 * j + 2 * (lane & 3) + e) * kWgRedLd + col + 8 * h] = d[4 * j + 2 * h + e];
+  }
   cluster_sync();  // every partial tile of the cluster is written
-  // Block `rank` sums tokens [rank * NT/2, (rank + 1) * NT/2) of the four, in a fixed order, 4 columns a thread.
-  constexpr int kRows = NT / kWgSplit, kQuads = kWgCols / 4;
-  for (int e = tid; e < kRows * kQuads; e += kThreads) {
-    const int tok = static_cast<int>(rank) * kRows + e / kQuads, c4 = (e % kQuads) * 4;
+  // Split: block `rank` sums tokens [rank * NT/2, (rank + 1) * NT/2) of the four partial tiles
+  // (its own two, then its peer's), else all NT of its own two; in a fixed order, 4 columns a thread.
+  constexpr int kQuads = kWgCols / 4;
+  const int tokens = split ? NT / kWgPair : NT, first = split ? static_cast<int>(rank) * tokens : 0;
+  for (int e = tid; e < tokens * kQuads; e += kWgThreads) {
+    const int tok = first + e / kQuads, c4 = (e % kQuads) * 4;
     const int m = m0 + tok;
-    if (m >= M) continue;
+    if (m >= M || !has_w) continue;
     float l[4] = {0.f, 0.f, 0.f, 0.f};
     if (ex.table) ex.add(m, n0 + c4, N, l);
     float4 s = make_float4(l[0], l[1], l[2], l[3]);
-#pragma unroll
-    for (int src = 0; src < 2 * kWgSplit; ++src) {
-      const float4 v = ld_cluster(red + ((src & 1) * NT + tok) * kWgRedLd + c4, src >> 1);
+    for (int src = 0; src < (split ? 2 * kWgPair : 2); ++src) {
+      const float4 v = ld_cluster(red + ((src & 1) * NT + tok) * kWgRedLd + c4, rank ^ (src >> 1));
       s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
     }
     T* out = y + static_cast<size_t>(m) * N + n0 + c4;
@@ -1044,10 +1114,12 @@ __device__ __forceinline__ void gemm_wgmma(const T* x, const T* w, T* y, int M, 
   extern __shared__ __align__(128) uint8_t wg_smem[];
   if (M <= 0) return;
   if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) & 15) {
-    scalar_path<T, false>(x, w, nullptr, nullptr, y, M, K, N, 0, 0.f, ex, reinterpret_cast<float*>(wg_smem));
+    if (threadIdx.x < kThreads)
+      scalar_path<T, false>(x, w, nullptr, nullptr, y, M, K, N, 0, 0.f, ex, reinterpret_cast<float*>(wg_smem));
     return;
   }
-  const int rows = min(kWgMaxTokens, M - static_cast<int>(blockIdx.z) * kWgMaxTokens);
+  const int tile = M <= kWgSplitMaxM ? M : wg_tile_rows(M);
+  const int rows = min(tile, M - static_cast<int>(blockIdx.z) * tile);
   if (rows <= 16) wgmma_path<T, 16>(x, w, y, M, K, N, ex, wg_smem);
   else if (rows <= 32) wgmma_path<T, 32>(x, w, y, M, K, N, ex, wg_smem);
   else if (rows <= 64) wgmma_path<T, 64>(x, w, y, M, K, N, ex, wg_smem);
@@ -1069,12 +1141,12 @@ __device__ __forceinline__ void gemm_wgmma(const T* x, const T* w, T* y, int M, 
                             uint32_t scale_bits) {                                                              \
     run<T, true>(x, w, a, b, y, M, K, N, R, __uint_as_float(scale_bits));                                       \
   }                                                                                                             \
-  extern "C" __global__ void __cluster_dims__(1, kWgSplit, 1) __launch_bounds__(kThreads, 1)                   \
+  extern "C" __global__ void __cluster_dims__(kWgPair, 1, 1) __launch_bounds__(kWgThreads, 1)                   \
       stageml_gemm_wgmma_##SUFFIX(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int M,   \
                                   int K, int N) {                                                               \
     gemm_wgmma<T>(x, w, y, M, K, N, Expand<T>{});                                                               \
   }                                                                                                             \
-  extern "C" __global__ void __cluster_dims__(1, kWgSplit, 1) __launch_bounds__(kThreads, 1)                   \
+  extern "C" __global__ void __cluster_dims__(kWgPair, 1, 1) __launch_bounds__(kWgThreads, 1)                   \
       stageml_gemm_expand_##SUFFIX(const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ t, \
                                    const int64_t* __restrict__ ids, const T* __restrict__ table,              \
                                    T* __restrict__ y, int M, int K, int N, int R, int rows) {                   \

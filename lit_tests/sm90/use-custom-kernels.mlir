@@ -17,13 +17,14 @@
 // CHECK: hal.executable.export public @stageml_lora_bf16 ordinal(3)
 // CHECK: hal.executable.export public @stageml_bgmv_f16 ordinal(4)
 // CHECK: hal.executable.export public @stageml_gemm_wgmma_f16 ordinal(6)
-// CHECK: %[[COLS:.+]] = arith.constant 64 : index
-// CHECK: %[[X:.+]] = arith.ceildivui %{{.+}}, %[[COLS]] : index
-// CHECK: hal.return %[[X]], %c2, %{{.+}} : index, index, index
-// CHECK-NEXT: } <workgroup_size = [256 : index, 1 : index, 1 : index], workgroup_local_memory = 197632>
+// CHECK: %[[SPLIT:.+]] = arith.cmpi ule, %{{.+}}, %{{.+}} : index
+// CHECK: %[[X:.+]] = arith.select %[[SPLIT]], %{{.+}}, %{{.+}} : index
+// CHECK: %[[Z:.+]] = arith.select %[[SPLIT]], %c1, %{{.+}} : index
+// CHECK: hal.return %[[X]], %c1, %[[Z]] : index, index, index
+// CHECK-NEXT: } <workgroup_size = [288 : index, 1 : index, 1 : index], workgroup_local_memory = 197632>
 // CHECK: hal.executable.export public @stageml_gemm_expand_f16 ordinal(8) layout(#[[EXPAND]])
-// CHECK: hal.return %{{.+}}, %c2, %{{.+}} : index, index, index
-// CHECK-NEXT: } <workgroup_size = [256 : index, 1 : index, 1 : index], workgroup_local_memory = 197632>
+// CHECK: hal.return %{{.+}}, %c1, %{{.+}} : index, index, index
+// CHECK-NEXT: } <workgroup_size = [288 : index, 1 : index, 1 : index], workgroup_local_memory = 197632>
 
 // REF-NOT: hal.executable.source
 // REF-NOT: flow.dispatch
