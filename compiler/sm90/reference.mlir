@@ -31,7 +31,7 @@
 //     guarantees: K % 64 = 0, N % 64 = 0, shapes as above
 //
 //   stageml_gemm_wgmma_T(x: [M,K] T, w: [N/64,K/64,8,64,8] T, M, K, N: i32) -> y: [M,N] T
-//     stageml_gemm_T's semantics, for any M (wgmma, split-K across a cluster)
+//     stageml_gemm_T's semantics, for any M (wgmma, clusters of 2 blocks)
 //     guarantees: K % 256 = 0, N % 64 = 0, shapes as stageml_gemm_T's
 //
 //   stageml_lora_T(x: [M,K] T, w: [N/64,K/64,8,64,8] T, a: [K,R] T, b: [R,N] T,

@@ -12,7 +12,7 @@ kernels that read w in tiles (all but BGMV), K and N static multiples of 64:
     %s = linalg.transpose ins(%r) permutation = [2, 0, 3, 1, 4] -> tensor<N/64xK/64x8x64x8xT>
     %y = flow.dispatch @stageml_sm90::@stageml_gemm_T[%M, %N](%x, %s, M, K, N)
     or, where K % 256 = 0, the same dispatch of @stageml_gemm_wgmma_T
-    (wgmma, split-K across a cluster of 2 blocks; any M)
+    (wgmma, clusters of 2 blocks: the halves of K, or column tiles sharing x; any M)
 
   LoRA: a base product plus a scaled rank-R product of the same rows (R <= 32),
     %y = linalg.generic {arith.addf} ins(GEMM(%x, %w), s2 * GEMM(s1 * GEMM(%x, %a), %b))
