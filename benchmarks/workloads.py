@@ -46,36 +46,33 @@ class LoraStack(nn.Module):
     (input-major, as the residual reads it), A [d, r], B [r, d]: a stack so
     that the weights (layers * d * d elements) outgrow the GPU's L2 cache."""
 
+    peft_layout = False  # A [r, d] and B [d, r], each used transposed (TenantStack)
+
     def __init__(self, layers=8, d=4096, r=16, scale=0.5):
         super().__init__()
         self.scale = scale
         self.weight = _normal(layers, (d, d), d ** -0.5)
-        self.lora_A = _normal(layers, (d, r), d ** -0.5)
-        self.lora_B = _normal(layers, (r, d), r ** -0.5)
+        self.lora_A = _normal(layers, (r, d) if self.peft_layout else (d, r), d ** -0.5)
+        self.lora_B = _normal(layers, (d, r) if self.peft_layout else (r, d), r ** -0.5)
+
+    def _layers(self):
+        """Each layer's (W, A [d, r], B [r, d])."""
+        for w, a, b in zip(self.weight, self.lora_A, self.lora_B):
+            yield (w, a.T, b.T) if self.peft_layout else (w, a, b)
 
     def forward(self, x):
-        for w, a, b in zip(self.weight, self.lora_A, self.lora_B):
+        for w, a, b in self._layers():
             x = x @ w + self.scale * ((x @ a) @ b)
         return x
 
     def merged(self) -> list:
         """Each layer's W + s*A@B."""
-        return [w + self.scale * (a @ b) for w, a, b in zip(self.weight, self.lora_A, self.lora_B)]
+        return [w + self.scale * (a @ b) for w, a, b in self._layers()]
 
 
-class TenantStack(nn.Module):
+class TenantStack(LoraStack):
     """LoraStack's layers in the form multi-tenant serving compiles: each
     x@W + s*(x@A^T)@B^T with W [d, d] input-major (nothing to fold) and A
     [r, d], B [d, r] in PEFT's layout (lora-sites finds them by their names)."""
 
-    def __init__(self, layers=8, d=4096, r=16, scale=0.5):
-        super().__init__()
-        self.scale = scale
-        self.weight = _normal(layers, (d, d), d ** -0.5)
-        self.lora_A = _normal(layers, (r, d), d ** -0.5)
-        self.lora_B = _normal(layers, (d, r), r ** -0.5)
-
-    def forward(self, x):
-        for w, a, b in zip(self.weight, self.lora_A, self.lora_B):
-            x = x @ w + self.scale * ((x @ a.T) @ b.T)
-        return x
+    peft_layout = True
