@@ -57,6 +57,34 @@ def test_lora_linear_is_merged(tmp_path):
     assert rel_err(mod(x), model(x)) <= 1e-5
 
 
+class Router(torch.nn.Module):
+    """A MoE router's shape work: [B, S, H] flattened to tokens, scored, and viewed back."""
+
+    def __init__(self, hidden=48, experts=4):
+        super().__init__()
+        self.gate = torch.nn.Linear(hidden, experts, bias=False)
+
+    def forward(self, x):
+        tokens = x.view(-1, x.shape[-1])  # two dynamic dims merged (collapse-views)
+        scores = self.gate(tokens).softmax(-1)
+        return scores.view(x.shape[0], x.shape[1], -1)
+
+
+def test_view_merging_two_dynamic_dims(tmp_path):
+    """torch-mlir lowers this view as if the second dim were 1 (llvm/torch-mlir#3852): every call
+    but seq = 1 was refused; collapse-views makes it a flatten."""
+    seed = int(torch.randint(0, 2 ** 31, ()))
+    print("seed", seed)
+    torch.manual_seed(seed)
+    model = Router().eval()
+    art = stageml.compile(model, (torch.randn(2, 5, 48),), dynamic_shapes=({0: Dim("b", max=16), 1: Dim("s", max=64)},))
+    assert art.report.rewrites.get("collapse-views", 0) == 1
+    mod = art.load(str(tmp_path / "router.vmfb"))
+    for shape in ((3, 9, 48), (1, 1, 48), (2, 17, 48)):
+        x = torch.randn(*shape)
+        assert rel_err(mod(x), model(x)) <= 1e-5
+
+
 def test_merged_adapter_weight_is_stored_packed(tmp_path):
     model = LoraLinear(d_in=48, d_out=64).eval()
     x = torch.randn(5, 48)
