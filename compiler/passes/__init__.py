@@ -48,6 +48,23 @@ def register(name: str, description: str, options: type = NoOptions, context: st
     return wrap
 
 
+def rewrite_each(module_op, op_name: str, match, stats, counter: str) -> None:
+    """Applies `match(op, rewriter)` to every `op_name` op of the module by the bindings' walk
+    driver (no folding, so the IR around keeps its shape); `match` returns True where it does
+    not apply (the bindings' convention). Counts the rewrites in stats[counter]."""
+    from torch_mlir import rewrite
+
+    patterns = rewrite.RewritePatternSet(module_op.context)
+
+    def pattern(op, rewriter):
+        unmatched = match(op, rewriter)
+        stats[counter] += not unmatched
+        return unmatched
+
+    patterns.add(op_name, pattern)
+    rewrite.walk_and_apply_patterns(module_op, patterns.freeze())
+
+
 def lookup(name: str) -> Pass:
     if name in UPSTREAM:
         return Pass(name, f"MLIR's {name}", None, NoOptions, "any")

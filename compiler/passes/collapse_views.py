@@ -20,11 +20,11 @@ leave. Views that split a dim are left alone.
 
 import math
 
-from torch_mlir import ir, rewrite
+from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 
 from stageml.compiler.ir import const_int, vtensor_shape, vtensor_type
-from stageml.compiler.passes import register
+from stageml.compiler.passes import register, rewrite_each
 
 
 def _op(value: ir.Value):
@@ -126,12 +126,4 @@ def collapse(op, rewriter) -> bool:
 
 @register("collapse-views", "rewrite views that merge dynamic dims as flattens (torch-mlir#3852)")
 def run(module_op, options, stats) -> None:
-    patterns = rewrite.RewritePatternSet(module_op.context)
-
-    def pattern(op, rewriter):
-        unmatched = collapse(op, rewriter)
-        stats["collapse-views"] += not unmatched
-        return unmatched
-
-    patterns.add("torch.aten.view", pattern)
-    rewrite.walk_and_apply_patterns(module_op, patterns.freeze())
+    rewrite_each(module_op, "torch.aten.view", collapse, stats, "collapse-views")

@@ -13,11 +13,11 @@ lowers that view of two dynamic dims as if the second were 1.)
 
 import math
 
-from torch_mlir import ir, rewrite
+from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 
 from stageml.compiler.ir import const_int, users, vtensor_shape, vtensor_type
-from stageml.compiler.passes import register
+from stageml.compiler.passes import register, rewrite_each
 
 
 def _int_list(values) -> ir.Value:
@@ -45,13 +45,4 @@ def flatten(op, rewriter) -> bool:
 
 @register("flatten-matmul", "rewrite matmul(x[...,K], W[K,N]) as a 2-D mm between views")
 def run(module_op, options, stats) -> None:
-    patterns = rewrite.RewritePatternSet(module_op.context)
-
-    def pattern(op, rewriter):
-        unmatched = flatten(op, rewriter)
-        stats["flatten-matmul"] += not unmatched
-        return unmatched
-
-    patterns.add("torch.aten.matmul", pattern)
-    # The walk driver: no folding, so bt-split's output keeps its shape.
-    rewrite.walk_and_apply_patterns(module_op, patterns.freeze())
+    rewrite_each(module_op, "torch.aten.matmul", flatten, stats, "flatten-matmul")
