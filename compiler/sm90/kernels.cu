@@ -846,34 +846,32 @@ __device__ __forceinline__ const void* x_tensor_map(const T* x, int M, int K, in
   if (sms > kMaxSms) __trap();
   uint8_t* slot = wg_tensor_maps[sm];
   const int lane = threadIdx.x & 31;
-  {
-    reinterpret_cast<uint32_t*>(staging)[lane] = 0u;
-    __syncwarp();
-    if (lane == 0) {
-      const uint32_t t = smem_addr(staging);
-      asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;" ::"r"(t), "l"(x) : "memory");
-      asm volatile("tensormap.replace.tile.rank.shared::cta.b1024.b32 [%0], 1;" ::"r"(t) : "memory");
-      asm volatile("tensormap.replace.tile.box_dim.shared::cta.b1024.b32 [%0], 0, 64;" ::"r"(t) : "memory");
-      asm volatile("tensormap.replace.tile.box_dim.shared::cta.b1024.b32 [%0], 1, %1;" ::"r"(t), "r"(rows) : "memory");
-      asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 0, %1;" ::"r"(t), "r"(K) : "memory");
-      asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 1, %1;" ::"r"(t), "r"(M) : "memory");
-      asm volatile("tensormap.replace.tile.global_stride.shared::cta.b1024.b64 [%0], 0, %1;"
-                   ::"r"(t), "l"(static_cast<uint64_t>(K) * 2) : "memory");
-      asm volatile("tensormap.replace.tile.element_stride.shared::cta.b1024.b32 [%0], 0, 1;" ::"r"(t) : "memory");
-      asm volatile("tensormap.replace.tile.element_stride.shared::cta.b1024.b32 [%0], 1, 1;" ::"r"(t) : "memory");
-      if constexpr (IsBf16<T>::value)
-        asm volatile("tensormap.replace.tile.elemtype.shared::cta.b1024.b32 [%0], 10;" ::"r"(t) : "memory");
-      else
-        asm volatile("tensormap.replace.tile.elemtype.shared::cta.b1024.b32 [%0], 6;" ::"r"(t) : "memory");
-      asm volatile("tensormap.replace.tile.interleave_layout.shared::cta.b1024.b32 [%0], 0;" ::"r"(t) : "memory");
-      asm volatile("tensormap.replace.tile.swizzle_mode.shared::cta.b1024.b32 [%0], 3;" ::"r"(t) : "memory");
-      asm volatile("tensormap.replace.tile.fill_mode.shared::cta.b1024.b32 [%0], 0;" ::"r"(t) : "memory");
-    }
-    __syncwarp();
-    asm volatile("tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned"
-                 " [%0], [%1], 128;"
-                 ::"l"(slot), "r"(smem_addr(staging)) : "memory");
+  reinterpret_cast<uint32_t*>(staging)[lane] = 0u;
+  __syncwarp();
+  if (lane == 0) {
+    const uint32_t t = smem_addr(staging);
+    asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;" ::"r"(t), "l"(x) : "memory");
+    asm volatile("tensormap.replace.tile.rank.shared::cta.b1024.b32 [%0], 1;" ::"r"(t) : "memory");
+    asm volatile("tensormap.replace.tile.box_dim.shared::cta.b1024.b32 [%0], 0, 64;" ::"r"(t) : "memory");
+    asm volatile("tensormap.replace.tile.box_dim.shared::cta.b1024.b32 [%0], 1, %1;" ::"r"(t), "r"(rows) : "memory");
+    asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 0, %1;" ::"r"(t), "r"(K) : "memory");
+    asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 1, %1;" ::"r"(t), "r"(M) : "memory");
+    asm volatile("tensormap.replace.tile.global_stride.shared::cta.b1024.b64 [%0], 0, %1;"
+                 ::"r"(t), "l"(static_cast<uint64_t>(K) * 2) : "memory");
+    asm volatile("tensormap.replace.tile.element_stride.shared::cta.b1024.b32 [%0], 0, 1;" ::"r"(t) : "memory");
+    asm volatile("tensormap.replace.tile.element_stride.shared::cta.b1024.b32 [%0], 1, 1;" ::"r"(t) : "memory");
+    if constexpr (IsBf16<T>::value)
+      asm volatile("tensormap.replace.tile.elemtype.shared::cta.b1024.b32 [%0], 10;" ::"r"(t) : "memory");
+    else
+      asm volatile("tensormap.replace.tile.elemtype.shared::cta.b1024.b32 [%0], 6;" ::"r"(t) : "memory");
+    asm volatile("tensormap.replace.tile.interleave_layout.shared::cta.b1024.b32 [%0], 0;" ::"r"(t) : "memory");
+    asm volatile("tensormap.replace.tile.swizzle_mode.shared::cta.b1024.b32 [%0], 3;" ::"r"(t) : "memory");
+    asm volatile("tensormap.replace.tile.fill_mode.shared::cta.b1024.b32 [%0], 0;" ::"r"(t) : "memory");
   }
+  __syncwarp();
+  asm volatile("tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned"
+               " [%0], [%1], 128;"
+               ::"l"(slot), "r"(smem_addr(staging)) : "memory");
   return slot;
 }
 __device__ __forceinline__ void tensor_map_acquire(const void* map) {
