@@ -3,9 +3,14 @@
 Congruence: no operation is earlier than any of its operands. Once lifts
 exist, a tensor crosses to a later stage only through a `bt.lift` (or a
 `bt.gather`) whose `from` is its operand's time and whose `to` is later.
+No recomputation: an op later than all its operands (seen through lifts, at
+the time they were computed) would redo earlier-stage work at every call of
+its stage; only an effectful op may be (a random draw is request-time).
 """
 
-from stageml.compiler.ir import TIME, is_rematerializable, parse_time, value_time
+from torch_mlir import ir
+
+from stageml.compiler.ir import TIME, is_effectful, is_rematerializable, parse_time, value_time
 from stageml.compiler.passes import programs, register
 from stageml.errors import CompileError
 
@@ -14,6 +19,14 @@ CROSSINGS = ("bt.lift", "bt.gather")  # the ops that carry a value to a later st
 
 def _fail(op, message):
     raise CompileError(f"bt-verify: {op.location}: '{op.name}' {message}")
+
+
+def _origin(value):
+    """When `value` was computed: a lift's operand time, else the value's own."""
+    owner = value.owner
+    if not isinstance(owner, ir.Block) and owner.name == "bt.lift":
+        return parse_time(owner.attributes["from"])
+    return value_time(value)
 
 
 def verify(func) -> None:
@@ -35,6 +48,11 @@ def verify(func) -> None:
                               f"to {parse_time(op.attributes['to']).label}: a lift must go to a later time")
             elif lifted and source < time and not is_rematerializable(value):
                 _fail(op, f"is {time.label} and uses a {source.label} operand without a bt.lift")
+        tensors = [v for v in op.operands if not is_rematerializable(v)]
+        if (op.name not in CROSSINGS and tensors and not is_effectful(op)
+                and max(_origin(v) for v in tensors) < time):
+            _fail(op, f"is {time.label} but only reads {max(_origin(v) for v in tensors).label} values: "
+                      f"it would recompute earlier-stage work on every call (bt-propagate makes it earlier)")
 
 
 @register("bt-verify", "check congruence and explicit stage crossings")
