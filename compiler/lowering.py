@@ -56,7 +56,8 @@ def compile_module(module_text: str, what: str, backend: str, flags: list) -> by
     try:
         return iree_compiler.compile_str(module_text, target_backends=[backend], extra_args=list(flags))
     except iree_compiler.CompilerToolError as e:
-        lines = [l for l in str(e).splitlines() if "error:" in l] or ["(no diagnostic)"]
+        crashed = "error: iree-compile stopped without a diagnostic (an IREE crash: dump_dir= keeps the input to report)"
+        lines = [l for l in str(e).splitlines() if "error:" in l] or [crashed]
         where, _, message = lines[0].rpartition("error:")
         where = f" at {where.strip().rstrip(':')}" if where.strip() else ""  # the model's source line, when known
         raise CompileError(f"IREE failed to compile {what}{where}: {message.strip()}") from e
