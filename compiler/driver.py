@@ -56,11 +56,12 @@ def bt_pipeline(options: CompileOptions, stages: dict) -> list:
             *([("lora-sites", LoraSitesOptions(options.max_rank, options.max_adapters)), ("bt-verify", None),
                ("factorized-program", None)] if tenants else []),
             ("bt-improve", BtImproveOptions(options.merge_lora)), ("bt-verify", None),
-            ("bt-lift", None), ("bt-verify", None),
+            ("bt-lift", None), ("bt-stacks", None), ("bt-verify", None),
             *([("bt-gather", None), ("bt-verify", None)] if tenants else [])]
 
 
-SPLIT_PIPELINE = [("bt-split", None), ("index-bounds", None), ("flatten-matmul", None), ("collapse-views", None)]
+SPLIT_PIPELINE = [("bt-split", None), ("index-bounds", None), ("flatten-matmul", None), ("collapse-views", None),
+                  ("decompose-topk", None)]
 # After partial evaluation: parameters first (they remove @static), then the
 # resident tables, then the products that read them.
 RESIDUAL_PIPELINE = [("use-parameters", None), ("resident-state", None), ("fuse-gathers", None)]

@@ -8,6 +8,9 @@
         after the ExportedProgram's output specs
       → torch backend IR (value semantics, dynamic dims kept as `?`)
 
+A transformers MoE model is exported with StageML's experts implementation
+(compiler/experts.py): routing as per-row gathers of the expert stacks.
+
 A buffer the model mutates (an output spec of kind BUFFER_MUTATION) is
 request-time state, never a static weight: it is an input of the residual
 and its new value an output named after it.
@@ -25,13 +28,16 @@ from torch_mlir.compiler_utils import OutputType
 from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 from torch_mlir.extras.fx_importer import FxImporter
 
-from stageml.compiler import facts, model_file
+from stageml.compiler import experts, facts, model_file
 from stageml.compiler.ir import NAME, Diagnostics, set_arg_attr
 from stageml.errors import CompileError, ModelLoadError
 
 # Ops kept whole so that bt-improve sees matrix products (`x @ W^T`), not
 # the reshapes and mm's torch's decompositions would turn them into.
 _KEPT_OPS = (torch.ops.aten.linear.default, torch.ops.aten.matmul.default)
+# Kept by torch-mlir's own decompositions: decompose-topk lowers top-k (torch-mlir's
+# sort-based form is miscompiled by IREE, see that pass).
+_LEGAL_OPS = ["aten.topk"]
 
 
 @dataclasses.dataclass
@@ -79,7 +85,8 @@ def export(model, args: tuple, dynamic_shapes=None, trust_model: bool = False) -
     if isinstance(dynamic_shapes, (tuple, list)) and _takes_var_args(model):
         dynamic_shapes = {"args": tuple(dynamic_shapes)}  # e.g. PeftModel.forward(*args, **kwargs)
     try:
-        return torch.export.export(model.eval(), tuple(args), dynamic_shapes=dynamic_shapes, strict=False)
+        with experts.staged(model):
+            return torch.export.export(model.eval(), tuple(args), dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:
         raise ModelLoadError(f"torch.export failed on the model ({type(e).__name__}: {str(e).splitlines()[0]}): make it exportable or export it yourself") from e
 
@@ -137,6 +144,7 @@ def import_program(program: torch.export.ExportedProgram, context: ir.Context) -
             module = fx.stateless_fx_import(
                 program.graph_module, output_type=OutputType.TORCH,
                 fx_importer=FxImporter(context=context), model_name="main",
+                backend_legal_ops=_LEGAL_OPS,
             )
         except Exception as e:
             reason = diagnostics.first_error() if diagnostics.errors else str(e).strip().splitlines()[-1]

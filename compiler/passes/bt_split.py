@@ -24,8 +24,10 @@ makes that state resident: a result of @adapter and an argument of
 @forward of kind "resident", declared once on the module with its owning
 stage, shape (the slot dimension leading, `max_adapters` + 1 entries: slot
 0 is the base model) and program; @forward indexes it by the rows' slots.
-A gather of a value's own leading dimension (`stack = "leading"`) indexes
-the value itself:
+A gather of a value's own leading dimension (`stack = "leading"`: an expert
+stack, bt-stacks') indexes the value itself, passed whole (a static argument
+by its own name). Each gather is indexed where it is first used, after its
+ids (which the request stage may compute: routed experts):
 
     %g = "bt.gather"(%m, %ids) {name = "adapter.0", stack = "slots"}    // in @main
   → module attributes {bt.resident = [{name = "adapter.0", owner = "adapter", program = "factorized",
@@ -87,7 +89,8 @@ def _plan(main) -> dict:
             source, to, name = _lift_info(op)
             stages[to].inputs.setdefault(name, (op.result, source))
             stages[to].gathers[name] = op
-            stages[source].outputs.setdefault(name, op.operands[0])
+            if source != BindingTime.STATIC or not isinstance(op.operands[0].owner, ir.Block):
+                stages[source].outputs.setdefault(name, op.operands[0])
         elif op.name != "func.return" and TIME in op.attributes and not (
                 len(op.results) == 1 and is_rematerializable(op.results[0])):  # cloned where used
             stages[parse_time(op.attributes[TIME])].ops.append(op)
@@ -120,7 +123,8 @@ def _emit(stage, main, results, stages, symbol, result_facts) -> None:
     mapping, arg_entries = {}, []
     adapter_outputs = list(stages[BindingTime.ADAPTER].outputs)
     for index, (name, (value, source)) in enumerate(stage.inputs.items()):
-        mapping[value] = entry.arguments[index]
+        if name not in stage.gathers:  # (a gather's rows are indexed out where first used)
+            mapping[value] = entry.arguments[index]
         entry_facts = {"name": name, "kind": _kind(stage, name, source)}
         if entry_facts["kind"] == facts.STATE:
             entry_facts["result"] = adapter_outputs.index(name)
@@ -130,14 +134,14 @@ def _emit(stage, main, results, stages, symbol, result_facts) -> None:
         arg_entries.append(attrs)
     facts.set_all(func.operation, "arg", arg_entries)
 
-    with ir.InsertionPoint(entry):
-        for name, gather in stage.gathers.items():
-            table = entry.arguments[list(stage.inputs).index(name)]
-            rows = torch_d.AtenIndexSelectOp(gather.result.type, table, const_int(0), mapping[gather.operands[1]])
-            mapping[gather.result] = rows.result
+    gathered = {gather.result: name for name, gather in stage.gathers.items()}
 
     def lookup(value):
-        if value not in mapping:  # a constant from another stage: clone it here
+        if value in gathered:  # the table indexed by the (request-time) ids
+            table = entry.arguments[list(stage.inputs).index(gathered.pop(value))]
+            ids = lookup(value.owner.operands[1])
+            mapping[value] = torch_d.AtenIndexSelectOp(value.type, table, const_int(0), ids).result
+        elif value not in mapping:  # a constant from another stage: clone it here
             assert is_rematerializable(value), "bt-split needs lifted IR (run bt-lift first)"
             clone(value.owner.operation)
         return mapping[value]

@@ -38,8 +38,8 @@
 // CHECK-SAME:    -> (!torch.vtensor<[?,48],f32> {bt.kind = "output", bt.name = "output.0"})
 // CHECK-SAME:    attributes {bt.program = "factorized", bt.stage = "dynamic"}
 // CHECK:         %[[RA:[0-9]+]] = torch.aten.index_select %arg1, %{{.*}}, %arg4 : !torch.vtensor<[?,64,16],f32>, !torch.int, !torch.vtensor<[?],si64> -> !torch.vtensor<[?,64,16],f32>
-// CHECK:         %[[RB:[0-9]+]] = torch.aten.index_select %arg2, %{{.*}}, %arg4 : !torch.vtensor<[?,16,48],f32>, !torch.int, !torch.vtensor<[?],si64> -> !torch.vtensor<[?,16,48],f32>
 // CHECK:         torch.aten.matmul %{{[0-9]+}}, %[[RA]] :
+// CHECK:         %[[RB:[0-9]+]] = torch.aten.index_select %arg2, %{{.*}}, %arg4 : !torch.vtensor<[?,16,48],f32>, !torch.int, !torch.vtensor<[?],si64> -> !torch.vtensor<[?,16,48],f32>
 // CHECK:         torch.aten.matmul %{{[0-9]+}}, %[[RB]] :
 // CHECK-NOT:     bt.gather
 // CHECK-NOT:     bt.time

@@ -1,0 +1,95 @@
+"""MoE models: routed experts compiled for the CPU, against transformers on fresh inputs."""
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from torch.export import Dim
+
+import stageml
+from models import rel_err
+
+_COMMON = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+               max_position_embeddings=64, use_cache=False)
+# Tiny random-weight configs of each family's layout: Mixtral's [E, 2I, H] stacks with
+# softmax-then-top-k routing, Qwen3-MoE's and OLMoE's (top-k of 8 experts), and GPT-OSS's
+# transposed, biased stacks with interleaved gate/up; DeepSeek-V3's grouped routing (top-k of
+# groups, then of experts) with a shared expert. Two layers: each routes on its own.
+FAMILIES = {
+    "mixtral": lambda: transformers.MixtralConfig(intermediate_size=96, num_local_experts=4,
+                                                  num_experts_per_tok=2, **_COMMON),
+    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(intermediate_size=96, moe_intermediate_size=48, num_experts=8,
+                                                     num_experts_per_tok=2, head_dim=16, **_COMMON),
+    "olmoe": lambda: transformers.OlmoeConfig(intermediate_size=96, num_experts=8, num_experts_per_tok=2, **_COMMON),
+    "gpt_oss": lambda: transformers.GptOssConfig(intermediate_size=96, num_local_experts=4, num_experts_per_tok=2,
+                                                 head_dim=16, sliding_window=8,
+                                                 layer_types=["sliding_attention", "full_attention"], **_COMMON),
+    "deepseek_v3": lambda: transformers.DeepseekV3Config(
+        intermediate_size=96, moe_intermediate_size=48, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
+        topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=16, **{**_COMMON, "num_key_value_heads": 4}),
+}
+MOE_LAYERS = {"deepseek_v3": 1}  # its first layer is dense (first_k_dense_replace)
+
+
+def _seeded() -> int:
+    seed = int(torch.randint(0, 2 ** 31, ()))
+    print("seed", seed)
+    torch.manual_seed(seed)
+    return seed
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_moe_family_matches_transformers(family, tmp_path):
+    _seeded()
+    model = transformers.AutoModelForCausalLM.from_config(FAMILIES[family]()).eval()
+    chosen = model.config._experts_implementation
+    ids = torch.randint(0, 128, (2, 7))
+    art = stageml.compile(model, (ids,), dynamic_shapes=({0: Dim("batch", max=8), 1: Dim("seq", max=32)},))
+    assert model.config._experts_implementation == chosen  # the model is left as it was
+    products = 2 * MOE_LAYERS.get(family, _COMMON["num_hidden_layers"])  # gate/up and down per MoE layer
+    biased = family == "gpt_oss"  # its bias stacks are gathered by the routed ids too
+    assert art.report.rewrites["stacks"] == products * (2 if biased else 1)  # stacks gathered by routed ids...
+    assert art.report.rewrites["fuse-gathers"] == products  # ...and read in place, never copied per row
+    mod = art.load(str(tmp_path / f"{family}.vmfb"))
+    # one token (most experts get none), a ragged pair, and a longer batch
+    for shape in [(1, 1), (2, 7), (3, 16)]:
+        x = torch.randint(0, 128, shape)
+        with torch.no_grad():
+            expected = model(x).logits.numpy()
+        assert rel_err(mod(x.numpy()), expected) <= 1e-4, shape
+
+
+class _TopK(torch.nn.Module):
+    def __init__(self, k: int, largest: bool = True):
+        super().__init__()
+        self.k, self.largest = k, largest
+
+    def forward(self, x):
+        return torch.topk(x, self.k, dim=-1, largest=self.largest)
+
+
+@pytest.mark.parametrize("largest", [True, False])
+def test_topk_rounds_break_ties_toward_the_lower_index(largest, tmp_path):
+    _seeded()
+    art = stageml.compile(_TopK(3, largest), (torch.randn(4, 8),), dynamic_shapes=({0: Dim("rows", max=64)},))
+    mod = art.load(str(tmp_path / "topk.vmfb"))
+    x = torch.randint(0, 4, (33, 8)).float().numpy()  # many equal scores in every row
+    values, indices = mod(x)
+    order = np.argsort(-x if largest else x, axis=-1, kind="stable")[:, :3]  # ties: lower index first
+    np.testing.assert_array_equal(indices, order)
+    np.testing.assert_array_equal(values, np.take_along_axis(x, order, axis=-1))
+    x = np.random.default_rng(int(torch.randint(0, 2 ** 31, ()))).standard_normal((5, 8)).astype(np.float32)
+    expected = torch.topk(torch.from_numpy(x), 3, dim=-1, largest=largest)  # distinct scores: torch's order
+    values, indices = mod(x)
+    np.testing.assert_array_equal(indices, expected.indices.numpy())
+    np.testing.assert_array_equal(values, expected.values.numpy())
+
+
+def test_topk_over_a_middle_dim_is_refused():
+    class Middle(torch.nn.Module):
+        def forward(self, x):
+            return torch.topk(x, 2, dim=1).values
+
+    with pytest.raises(stageml.StageMLError, match="over the last dim"):
+        stageml.compile(Middle(), (torch.randn(2, 5, 3),))
