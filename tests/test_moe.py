@@ -93,3 +93,45 @@ def test_topk_over_a_middle_dim_is_refused():
 
     with pytest.raises(stageml.StageMLError, match="over the last dim"):
         stageml.compile(Middle(), (torch.randn(2, 5, 3),))
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss"])
+def test_peft_expert_lora_merges_at_adapter_load(family, tmp_path):
+    """One PEFT adapter with LoRA on the expert stacks (`target_parameters`) and on attention:
+    the adapter stage merges each expert's W + s·B·A once; the request path gathers the merged stacks."""
+    from peft import LoraConfig, get_peft_model
+
+    _seeded()
+    model = transformers.AutoModelForCausalLM.from_config(FAMILIES[family]()).eval()
+    peft_model = get_peft_model(model, LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+        target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])).eval()
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:  # (PEFT starts B at zero: the adapter would change nothing)
+                p.normal_(0, 0.1)
+    ids = torch.randint(0, 128, (2, 7))
+    art = stageml.compile(peft_model, (ids,), dynamic_shapes=({0: Dim("batch", max=8), 1: Dim("seq", max=32)},))
+    assert art.report.lifted["adapter->dynamic"] > 0 and art.report.rewrites["stacks"] >= 4
+    mod = art.load(str(tmp_path / "peft.vmfb"))
+    for shape in [(1, 1), (3, 9)]:
+        x = torch.randint(0, 128, shape)
+        with torch.no_grad():
+            expected = peft_model(x).logits.numpy()
+            with peft_model.disable_adapter():
+                base = peft_model(x).logits.numpy()
+        assert rel_err(base, expected) > 1e-3  # the adapter matters
+        assert rel_err(mod(x.numpy()), expected) <= 1e-4, shape
+
+
+def test_multi_tenant_expert_lora_is_refused_clearly():
+    from peft import LoraConfig, get_peft_model
+
+    model = transformers.AutoModelForCausalLM.from_config(FAMILIES["mixtral"]()).eval()
+    ids = torch.randint(0, 128, (2, 7))
+    for modules in (["q_proj"], None):  # with attention LoRA beside it, and alone
+        peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=modules,
+                                                      target_parameters=["mlp.experts.gate_up_proj"])).eval()
+        with pytest.raises(stageml.StageMLError, match="not served per tenant yet|do not serve per-tenant expert"):
+            stageml.compile(peft_model, (ids,), max_adapters=4, max_rank=4)
+        model = peft_model.unload()

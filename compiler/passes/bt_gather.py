@@ -80,6 +80,11 @@ def gather(func) -> int:
         dims, dtype = vtensor_shape(lift.results[0].type)
         products = users(lift.results[0])
         for user in products:
+            if user.name == "torch.aten.index_select":
+                raise CompileError(f"adapter state {name!r} is an expert stack indexed by routed ids (LoRA on "
+                                   "MoE experts, PEFT target_parameters): multi-tenant compiles do not serve "
+                                   "per-tenant expert LoRA yet; compile without max_adapters (one adapter, "
+                                   "merged into the experts at adapter load)")
             if (user.name != "torch.aten.matmul" or len(dims) != 2 or user.operands[1] != lift.results[0]
                     or user.operands[0] == lift.results[0] or len(vtensor_shape(user.operands[0].type)[0]) < 2):
                 raise CompileError(f"{user.location}: adapter state {name!r} is used by '{user.name}', which "
