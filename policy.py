@@ -21,11 +21,13 @@ from stageml.errors import StageMLError
 
 @dataclasses.dataclass(frozen=True)
 class LoraSite:
-    """One adapted linear layer."""
+    """One adapted linear layer, or an MoE layer's stack of `experts` of them (each
+    routed row reads one expert's: its FLOPs below are per routed row)."""
 
     in_features: int
     out_features: int
     element_bytes: int = 4
+    experts: int = 1
 
 
 @dataclasses.dataclass
@@ -39,11 +41,11 @@ class AdapterProfile:
 
     @property
     def merged_bytes(self) -> int:
-        return sum(s.in_features * s.out_features * s.element_bytes for s in self.sites)
+        return sum(s.experts * s.in_features * s.out_features * s.element_bytes for s in self.sites)
 
     @property
     def factorized_bytes(self) -> int:
-        return sum(self.rank * (s.in_features + s.out_features) * s.element_bytes for s in self.sites)
+        return sum(s.experts * self.rank * (s.in_features + s.out_features) * s.element_bytes for s in self.sites)
 
     @property
     def factorized_flops_per_token(self) -> int:

@@ -54,7 +54,7 @@ def bt_pipeline(options: CompileOptions, stages: dict) -> list:
     tenants = options.multi_tenant
     return [("bt-annotate", BtAnnotateOptions(tuple(stages.items()))), ("bt-propagate", None), ("bt-verify", None),
             *([("lora-sites", LoraSitesOptions(options.max_rank, options.max_adapters)), ("bt-verify", None),
-               ("factorized-program", None)] if tenants else []),
+               ("factorized-program", None), ("expert-factors", None), ("bt-verify", None)] if tenants else []),
             ("bt-improve", BtImproveOptions(options.merge_lora)), ("bt-verify", None),
             ("bt-lift", None), ("bt-stacks", None), ("bt-verify", None),
             *([("bt-gather", None), ("bt-verify", None)] if tenants else [])]

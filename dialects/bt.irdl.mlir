@@ -9,13 +9,17 @@
 //       indexed by request-time ids: row i of the result is entry %ids[i] of
 //       the stack. `stack` says which stack: "slots", the per-slot copies of
 //       %v (one per loaded adapter; after bt-split a resident table, written
-//       at adapter load), or "leading", %v's own leading dimension (an expert
-//       stack; tenant·E + expert for virtual experts). One lowering family
-//       (index_select by ids, BGMV / grouped products) serves both.
+//       at adapter load), "leading", %v's own leading dimension (an expert
+//       stack; tenant·E + expert for virtual experts), or "slot_entries", the
+//       entries of the per-slot copies of a leading stack %v [E, ...]: row i
+//       is entry %ids[i] = slot·E + e of the [slots·E, ...] table (a tenant's
+//       LoRA factors of expert e). One lowering family (index_select by ids,
+//       BGMV / grouped products) serves all three.
 //
 // The operand and result of bt.lift share one constraint variable, so their
-// types must be equal; `from < to` is checked by bt-verify. bt.gather's
-// result has one more (leading, row) dimension than its value.
+// types must be equal; `from < to` is checked by bt-verify. A "slots"
+// gather's result has one more (leading, row) dimension than its value; the
+// others' have the value's rank (rows in place of the stack's entries).
 irdl.dialect @bt {
   irdl.attribute @time {
     %static = irdl.is "static"
@@ -44,7 +48,8 @@ irdl.dialect @bt {
     %name = irdl.base "#builtin.string"
     %slots = irdl.is "slots"
     %leading = irdl.is "leading"
-    %stack = irdl.any_of(%slots, %leading)
+    %slot_entries = irdl.is "slot_entries"
+    %stack = irdl.any_of(%slots, %leading, %slot_entries)
     irdl.operands(value: %value, ids: %ids)
     irdl.results(rows: %rows)
     irdl.attributes {"from" = %from, "to" = %to, "name" = %name, "stack" = %stack}

@@ -10,7 +10,11 @@ For each LoRA site the residual was compiled with, A [r, in] is zero-padded
 to [R, in] and B [out, r] becomes s·B zero-padded to [out, R], where s is
 PEFT's scaling: lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora,
 after rank_pattern and alpha_pattern. A site the adapter does not target
-gets zero factors: that layer stays the base layer, as in PEFT.
+gets zero factors: that layer stays the base layer, as in PEFT. An expert
+site (LoRA on an MoE layer's expert stack, PEFT's `target_parameters`) holds
+E experts' factors in PEFT's flat layout, A [E·r, in] expert-major and
+B [out, E·r] with the expert index fastest; each expert's r rows (columns)
+are padded to R in place: A [E·R, in], s·B [out, E·R].
 
 A config is checked as PEFT would build it (`_LoraConfig`): r a positive
 integer, lora_alpha a finite number, rank_pattern / alpha_pattern dicts of
@@ -291,9 +295,11 @@ def prepare(tensors: dict, config: dict | None, sites: list, max_rank: int) -> d
     inputs = {}
     for module, site in by_site.items():
         k, n = site["in_features"], site["out_features"]
+        experts = site.get("experts", 0)
+        e = max(experts, 1)  # a dense site is one expert
         dtype = site.get("dtype", "float32")
-        a = np.zeros((max_rank, k), np.float32)
-        b = np.zeros((n, max_rank), np.float32)
+        a = np.zeros((e * max_rank, k), np.float32)
+        b = np.zeros((n, max_rank * e), np.float32)
         factors = pairs.get(module)
         if factors is not None:
             if set(factors) != {"lora_A", "lora_B"}:
@@ -301,25 +307,42 @@ def prepare(tensors: dict, config: dict | None, sites: list, max_rank: int) -> d
                 raise AdapterError(f"adapter tensor {name!r} has no matching "
                                    f"{'lora_B' if 'lora_A' in factors else 'lora_A'}: pass both factors of each layer")
             (a_name, a_value), (b_name, b_value) = factors["lora_A"], factors["lora_B"]
-            r = a_value.shape[0] if a_value.ndim == 2 else -1
-            if a_value.ndim != 2 or a_value.shape[1] != k:
-                raise AdapterError(f"adapter tensor {a_name!r} has shape {list(a_value.shape)}; expected [r, {k}]")
+            rows = "E*r" if experts else "r"
+            r = a_value.shape[0] // e if a_value.ndim == 2 and a_value.shape[0] % e == 0 else -1
+            configured = _configured_rank(parsed, module)
+            if experts and configured and a_value.ndim == 2 and a_value.shape[0] != e * configured:
+                raise AdapterError(f"adapter tensor {a_name!r} has {a_value.shape[0]} rows, {configured} per expert "
+                                   f"(its config's rank) for {a_value.shape[0] / configured:g} experts, but the "
+                                   f"residual's layer has {experts}: pass an adapter trained for this model")
+            if r < 0 or a_value.shape[1] != k:
+                raise AdapterError(f"adapter tensor {a_name!r} has shape {list(a_value.shape)}; expected [{rows}, {k}]"
+                                   + (f" for the residual's {experts} experts" if experts else ""))
             if r == 0:
                 raise AdapterError(f"adapter tensor {a_name!r} has rank 0 (shape {list(a_value.shape)}): "
                                    "a LoRA factor has rank at least 1; leave the layer out of the adapter instead")
-            if b_value.shape != (n, r):
-                raise AdapterError(f"adapter tensor {b_name!r} has shape {list(b_value.shape)}; expected [{n}, {r}]")
+            if b_value.shape != (n, e * r):
+                raise AdapterError(f"adapter tensor {b_name!r} has shape {list(b_value.shape)}; "
+                                   f"expected [{n}, {e * r}]")
             if r > max_rank:
                 raise AdapterError(f"adapter tensor {a_name!r} has rank {r}, above the residual's maximum rank "
                                    f"{max_rank}: compile with a max rank of at least {r}")
-            _fill(a, slice(None, r), a_value, a_name, dtype)
+            # PEFT's expert layout: A's rows expert-major (E, r), B's columns expert fastest (r, E)
+            _fill(a.reshape(e, max_rank, k), (slice(None), slice(None, r)), a_value.reshape(e, r, k), a_name, dtype)
             wide = b_value if b_value.dtype in (np.float32, np.float64) else b_value.astype(np.float32)
             scaling = _scaling(parsed, module, r)
             with np.errstate(over="ignore", invalid="ignore"):
                 scaled = wide * scaling
-            _fill(b, (slice(None), slice(None, r)), scaled, b_name, dtype, scaling)
+            _fill(b.reshape(n, max_rank, e), (slice(None), slice(None, r)), scaled.reshape(n, r, e), b_name, dtype,
+                  scaling)
         inputs[site["lora_A"]], inputs[site["lora_B"]] = a, b
     return inputs
+
+
+def _configured_rank(config: _LoraConfig | None, module: str) -> int | None:
+    """The rank `config` gives `module` (after rank_pattern), or None without one."""
+    if config is None:
+        return None
+    return _pattern_value(config.rank_pattern, module.split(_PEFT_PREFIX, 1)[-1], config.r)
 
 
 def _scaling(config: _LoraConfig | None, module: str, r: int) -> float:
@@ -327,7 +350,7 @@ def _scaling(config: _LoraConfig | None, module: str, r: int) -> float:
     if config is None:
         return 1.0
     relative = module.split(_PEFT_PREFIX, 1)[-1]
-    expected = _pattern_value(config.rank_pattern, relative, r if config.r is None else config.r)
+    expected = _configured_rank(config, module) or r
     if expected != r:
         raise AdapterError(f"adapter config gives rank {expected} for {relative!r}, but its lora_A has rank {r}: "
                            "use the adapter_config.json saved with these weights")

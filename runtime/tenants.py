@@ -91,8 +91,8 @@ class TenantModule(ResidualModule):
         self._calls = 0
         self._batches = {}  # composition (a tuple of names) -> _Batch, least recently used first
         self._residency = 0  # counts slot changes: a _Batch checked before one is stale
-        sites = tuple(LoraSite(s["in_features"], s["out_features"], numpy_dtype(s["dtype"]).itemsize)
-                      for s in self._sites)
+        sites = tuple(LoraSite(s["in_features"], s["out_features"], numpy_dtype(s["dtype"]).itemsize,
+                               max(s.get("experts", 0), 1)) for s in self._sites)
         self._profile = AdapterProfile("", self._max_rank, sites)
 
     # -- adapters -------------------------------------------------------------

@@ -8,6 +8,7 @@ from torch.export import Dim
 
 import stageml
 from models import rel_err
+from stageml.errors import AdapterError
 
 _COMMON = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                max_position_embeddings=64, use_cache=False)
@@ -124,14 +125,114 @@ def test_peft_expert_lora_merges_at_adapter_load(family, tmp_path):
         assert rel_err(mod(x.numpy()), expected) <= 1e-4, shape
 
 
-def test_multi_tenant_expert_lora_is_refused_clearly():
+
+def _expert_adapter(model, path, seed: int, **config):
+    """A PEFT adapter on a copy of `model` with random (non-zero) factors, saved to `path`."""
+    import copy
     from peft import LoraConfig, get_peft_model
 
+    torch.manual_seed(seed)
+    peft_model = get_peft_model(copy.deepcopy(model), LoraConfig(**config)).eval()
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_" in name:
+                p.normal_(0, 0.1)
+    peft_model.save_pretrained(str(path))
+    return peft_model
+
+
+EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+
+
+@pytest.fixture(scope="module")
+def tenants(tmp_path_factory):
+    """A Mixtral-shaped model, three PEFT adapters with expert LoRA, and a 3-slot residual."""
+    _seeded()
+    root = tmp_path_factory.mktemp("moe_tenants")
     model = transformers.AutoModelForCausalLM.from_config(FAMILIES["mixtral"]()).eval()
-    ids = torch.randint(0, 128, (2, 7))
-    for modules in (["q_proj"], None):  # with attention LoRA beside it, and alone
-        peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=modules,
-                                                      target_parameters=["mlp.experts.gate_up_proj"])).eval()
-        with pytest.raises(stageml.StageMLError, match="not served per tenant yet|do not serve per-tenant expert"):
-            stageml.compile(peft_model, (ids,), max_adapters=4, max_rank=4)
-        model = peft_model.unload()
+    adapters = {  # rank 4 on attention and experts; rsLoRA rank 2; rank 3 on layer 1's down experts only
+        "a": _expert_adapter(model, root / "a", 1, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                             target_parameters=EXPERTS),
+        "b": _expert_adapter(model, root / "b", 2, r=2, lora_alpha=3, use_rslora=True, target_modules=["v_proj"],
+                             target_parameters=EXPERTS),
+        "c": _expert_adapter(model, root / "c", 3, r=3, lora_alpha=6, target_parameters=["mlp.experts.down_proj"],
+                             layers_to_transform=[1]),
+    }
+    art = stageml.compile(adapters["a"], (torch.randint(0, 128, (2, 7)),), max_adapters=3, max_rank=4,
+                          dynamic_shapes=({0: Dim("batch", max=8), 1: Dim("seq", max=32)},))
+    path = str(root / "tenants.vmfb")
+    art.save(path)
+    return model, adapters, root, path, art
+
+
+@pytest.mark.parametrize("policy", ["factorized", "merged", "budget"])
+def test_expert_lora_tenants_in_one_batch(tenants, policy):
+    """Rows of one batch use different tenants' expert LoRA and the base model, as PEFT computes each."""
+    model, adapters, root, path, art = tenants
+    sites = [s for s in art.tenants["sites"] if s["experts"]]
+    assert len(sites) == 4 and all(s["experts"] == 4 for s in sites)  # gate/up and down of each layer
+    assert art.report.rewrites["expert-factors"] == 4
+    if policy == "budget":  # every adapter's factors and one merged adapter (experts included)
+        per = [(max(s["experts"], 1), s["in_features"], s["out_features"]) for s in art.tenants["sites"]]
+        budget = sum(3 * e * 4 * (k + n) * 4 + e * k * n * 4 for e, k, n in per)
+        mod = stageml.load(path, adapter_memory_budget=budget, replan_every=4)
+    else:
+        mod = stageml.load(path, policy=policy)
+    for name in adapters:
+        mod.load_adapter(name, str(root / name))
+    if policy == "budget":  # "c" has the most traffic: it is merged, the others stay factorized
+        for _ in range(8):
+            mod(torch.randint(0, 128, (1, 3)), adapter="c")
+    rows = ["a", None, "b", "c", "a", "b"]
+    x = torch.randint(0, 128, (len(rows), 9))
+    ys = mod.run_batch(x.numpy(), adapters=rows)
+    with torch.no_grad():
+        expected = {name: adapters[name](x).logits.numpy() for name in adapters}
+        expected[None] = model(x).logits.numpy()
+    for i, name in enumerate(rows):
+        assert rel_err(ys[i], expected[name][i]) <= 1e-4, (i, name)
+    forms = {n: a["form"] for n, a in mod.stats()["adapters"].items()}
+    if policy == "budget":
+        assert forms == {"a": "factorized", "b": "factorized", "c": "merged"}
+        assert mod.stats()["bytes_held"] <= mod.stats()["budget"]
+    else:
+        assert set(forms.values()) == {policy}
+
+
+def test_expert_lora_bad_adapters_change_nothing(tenants, tmp_path):
+    model, adapters, root, path, art = tenants
+    mod = stageml.load(path)
+    mod.load_adapter("a", str(root / "a"))
+    before = mod.stats()
+    wider = transformers.AutoModelForCausalLM.from_config(  # eight experts, where the residual has four
+        transformers.MixtralConfig(**{**FAMILIES["mixtral"]().to_dict(), "num_local_experts": 8}))
+    _expert_adapter(wider, tmp_path / "wide", 4, r=4, target_parameters=EXPERTS)
+    with pytest.raises(AdapterError, match="for 8 experts, but the residual's layer has 4"):
+        mod.load_adapter("wide", str(tmp_path / "wide"))
+    _expert_adapter(model, tmp_path / "deep", 5, r=8, target_parameters=EXPERTS)
+    with pytest.raises(AdapterError, match="above the residual's maximum rank 4"):
+        mod.load_adapter("deep", str(tmp_path / "deep"))
+    assert mod.stats() == before and mod.adapters == ["a"]
+
+
+def test_expert_lora_tenants_on_transposed_biased_stacks(tmp_path):
+    """GPT-OSS's stacks are [E, in, out] with biases and interleaved gate/up: the per-tenant
+    factors multiply the other way round (x @ A_eᵀ then B_eᵀ), rows of two tenants and the base."""
+    _seeded()
+    model = transformers.AutoModelForCausalLM.from_config(FAMILIES["gpt_oss"]()).eval()
+    a = _expert_adapter(model, tmp_path / "a", 1, r=4, lora_alpha=8, target_modules=["q_proj"],
+                        target_parameters=EXPERTS)
+    b = _expert_adapter(model, tmp_path / "b", 2, r=2, lora_alpha=4, target_parameters=EXPERTS)
+    art = stageml.compile(a, (torch.randint(0, 128, (2, 7)),), max_adapters=2, max_rank=4,
+                          dynamic_shapes=({0: Dim("batch", max=8), 1: Dim("seq", max=32)},))
+    assert art.report.rewrites["expert-factors"] == 4
+    mod = art.load(str(tmp_path / "gpt_oss.vmfb"), policy="factorized")
+    mod.load_adapter("a", str(tmp_path / "a"))
+    mod.load_adapter("b", str(tmp_path / "b"))
+    rows = ["a", None, "b", "b"]
+    x = torch.randint(0, 128, (len(rows), 5))
+    ys = mod.run_batch(x.numpy(), adapters=rows)
+    with torch.no_grad():
+        expected = {"a": a(x).logits.numpy(), "b": b(x).logits.numpy(), None: model(x).logits.numpy()}
+    for i, name in enumerate(rows):
+        assert rel_err(ys[i], expected[name][i]) <= 1e-4, (i, name)

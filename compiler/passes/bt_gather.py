@@ -13,7 +13,15 @@ each request row: the stack it indexes is the value's per-slot copies
 Rows are the leading dimension of the product's input (a 2-D input is
 unsqueezed to [B,1,K]); when an input's leading dimension is not the request
 rows, the batch dimensions disagree and the residual fails at run time
-instead of mixing tenants. An adapter-time value used any other way cannot
+instead of mixing tenants. An expert stack's per-expert LoRA factors ([E, in, R], expert-factors')
+selected by routed expert ids are gathered by entry (`stack =
+"slot_entries"`): a routed row's entry is slot·E + e, its slot that of the
+request row its token comes from:
+
+    %f = torch.aten.index_select %l, %int0, %e : [E,K,R], [?] -> [?,K,R]
+  → %g = "bt.gather"(%at, slot(%e)·E + %e) {stack = "slot_entries", ...} : [E,K,R], [?] -> [?,K,R]
+
+An adapter-time value used any other way cannot
 be served per row and is an error.
 """
 
@@ -30,6 +38,7 @@ from stageml.errors import CompileError
 
 IDS = facts.IDS
 SLOTS = "slots"  # bt.gather's stack: the per-slot copies of an adapter-time value
+SLOT_ENTRIES = "slot_entries"  # the entries (slot·E + e) of the per-slot copies of an expert stack
 
 
 def _ids_argument(func) -> ir.Value:
@@ -66,6 +75,45 @@ def _per_row_product(product, rows: ir.Value) -> None:
     product.erase()
 
 
+def _entry_ids(ids: ir.Value, entries: ir.Value, experts: int, cache: dict) -> ir.Value:
+    """slot·E + e for each routed row: the rows (a multiple of the request rows, in their
+    order: transformers flattens [B, S] tokens, StageML's experts repeat each token k times)
+    take the slot of the request row they come from."""
+    if entries not in cache:
+        n = _timed(torch_d.AtenSizeIntOp(entries, const_int(0, annotate=True)))
+        b = _timed(torch_d.AtenSizeIntOp(ids, const_int(0, annotate=True)))
+        per = _timed(torch_d.AtenFloordivIntOp(n, b))
+        column = _timed(torch_d.AtenUnsqueezeOp(vtensor_type([None, 1], "si64"), ids, const_int(1, annotate=True)))
+        sizes = _timed(torch_d.PrimListConstructOp(ir.Type.parse("!torch.list<int>"), [b, per]))
+        spread = _timed(torch_d.AtenBroadcastToOp(vtensor_type([None, None], "si64"), column, sizes))
+        slots = _timed(torch_d.AtenFlattenUsingIntsOp(vtensor_type([None], "si64"), spread,
+                                                      const_int(0, annotate=True), const_int(1, annotate=True)))
+        first = _timed(torch_d.AtenMulScalarOp(slots.type, slots, const_int(experts, annotate=True)))
+        cache[entries] = _timed(torch_d.AtenAddTensorOp(slots.type, first, entries, const_int(1, annotate=True)))
+    return cache[entries]
+
+
+def _per_entry(lift, ids, cache: dict) -> None:
+    """Each index_select(lift, 0, e) of an expert stack [E, ...] → bt.gather of slot·E + e."""
+    experts = vtensor_shape(lift.results[0].type)[0][0]
+    for select in users(lift.results[0]):
+        with ir.InsertionPoint(select), select.location:
+            entry_ids = _entry_ids(ids, select.operands[2], experts, cache)
+            rows = ir.Operation.create(
+                "bt.gather", results=[select.results[0].type], operands=[lift.operands[0], entry_ids],
+                attributes={"from": lift.attributes["from"], "to": lift.attributes["to"],
+                            "name": lift.attributes["name"], "stack": ir.StringAttr.get(SLOT_ENTRIES),
+                            TIME: lift.attributes[TIME]})
+        select.results[0].replace_all_uses_with(rows.results[0])
+        select.erase()
+
+
+def _indexes_entries(user, lift) -> bool:
+    """Whether `user` selects entries of the lifted (3-D) stack by request-time ids."""
+    return (user.name == "torch.aten.index_select" and user.operands[0] == lift.results[0]
+            and len(vtensor_shape(lift.results[0].type)[0]) == 3 and user.operands[2] != lift.results[0])
+
+
 def gather(func) -> int:
     """Turns every adapter→dynamic lift into a bt.gather; returns how many."""
     block = func.regions[0].blocks[0]
@@ -74,17 +122,16 @@ def gather(func) -> int:
              and parse_time(op.operation.attributes["to"]) == BindingTime.DYNAMIC]
     if not lifts:
         return 0
-    ids = _ids_argument(func)
+    ids, cache = _ids_argument(func), {}
     for lift in lifts:
         name = ir.StringAttr(lift.attributes["name"]).value
         dims, dtype = vtensor_shape(lift.results[0].type)
         products = users(lift.results[0])
+        if products and all(_indexes_entries(user, lift) for user in products):
+            _per_entry(lift, ids, cache)
+            lift.erase()
+            continue
         for user in products:
-            if user.name == "torch.aten.index_select":
-                raise CompileError(f"adapter state {name!r} is an expert stack indexed by routed ids (LoRA on "
-                                   "MoE experts, PEFT target_parameters): multi-tenant compiles do not serve "
-                                   "per-tenant expert LoRA yet; compile without max_adapters (one adapter, "
-                                   "merged into the experts at adapter load)")
             if (user.name != "torch.aten.matmul" or len(dims) != 2 or user.operands[1] != lift.results[0]
                     or user.operands[0] == lift.results[0] or len(vtensor_shape(user.operands[0].type)[0]) < 2):
                 raise CompileError(f"{user.location}: adapter state {name!r} is used by '{user.name}', which "

@@ -51,7 +51,7 @@ from torch_mlir.dialects import torch as torch_d
 from stageml.binding_time import BindingTime
 from stageml.compiler import facts
 from stageml.compiler.ir import (DTYPES, NAME, TIME, arg_attrs, arg_name, const_int, is_rematerializable,
-                                 parse_time, users, value_time, vtensor_shape)
+                                 parse_time, users, value_time, vtensor_shape, vtensor_type)
 from stageml.compiler.passes import program_of, programs, register
 from stageml.errors import CompileError
 
@@ -105,19 +105,32 @@ def _plan(main) -> dict:
 def _kind(stage, name, source) -> str:
     if source is None:
         return facts.PARAMETER if stage.time == BindingTime.STATIC else facts.INPUT
-    if name in stage.gathers and _stack(stage.gathers[name]) == "slots":
+    if name in stage.gathers and _stack(stage.gathers[name]) in _PER_SLOT:
         return facts.RESIDENT_KIND
     return facts.PARAMETER if source == BindingTime.STATIC else facts.STATE
+
+
+_PER_SLOT = ("slots", "slot_entries")  # the gathers of resident state
 
 
 def _stack(gather) -> str:
     return ir.StringAttr(gather.attributes["stack"]).value
 
 
+def _input_type(stage, name, value) -> ir.Type:
+    """The request stage's argument for a stage input: a leading stack whole, a slot
+    table [slots, ...] of the gathered value (of an expert stack: [slots, E, ...])."""
+    gather = stage.gathers.get(name)
+    if gather is None or _stack(gather) == "slots":
+        return value.type
+    if _stack(gather) == "leading":
+        return gather.operands[0].type
+    dims, dtype = vtensor_shape(gather.operands[0].type)
+    return vtensor_type([None] + dims, dtype)
+
+
 def _emit(stage, main, results, stages, symbol, result_facts) -> None:
-    # (a stack of its own leading dimension arrives whole; a slot table per row)
-    types = [stage.gathers[n].operands[0].type if n in stage.gathers and _stack(stage.gathers[n]) == "leading"
-             else v.type for n, (v, _) in stage.inputs.items()]
+    types = [_input_type(stage, n, v) for n, (v, _) in stage.inputs.items()]
     func = func_d.FuncOp(symbol, ir.FunctionType.get(types, [v.type for v in results]))
     entry = func.add_entry_block()
     mapping, arg_entries = {}, []
@@ -138,8 +151,13 @@ def _emit(stage, main, results, stages, symbol, result_facts) -> None:
 
     def lookup(value):
         if value in gathered:  # the table indexed by the (request-time) ids
-            table = entry.arguments[list(stage.inputs).index(gathered.pop(value))]
+            name = gathered.pop(value)
+            table = entry.arguments[list(stage.inputs).index(name)]
             ids = lookup(value.owner.operands[1])
+            if _stack(stage.gathers[name]) == "slot_entries":  # [slots, E, ...] as [slots·E, ...]
+                dims, dtype = vtensor_shape(table.type)
+                table = torch_d.AtenFlattenUsingIntsOp(vtensor_type([None] + dims[2:], dtype), table,
+                                                       const_int(0), const_int(1)).result
             mapping[value] = torch_d.AtenIndexSelectOp(value.type, table, const_int(0), ids).result
         elif value not in mapping:  # a constant from another stage: clone it here
             assert is_rematerializable(value), "bt-split needs lifted IR (run bt-lift first)"
@@ -175,7 +193,7 @@ def _result_facts(stage, stages, main) -> list:
     entries = []
     for name in stage.outputs:
         kind = facts.PARAMETER if stage.time == BindingTime.STATIC else facts.STATE
-        if any(name in s.gathers and _stack(s.gathers[name]) == "slots" for s in later):
+        if any(name in s.gathers and _stack(s.gathers[name]) in _PER_SLOT for s in later):
             kind = facts.RESIDENT_KIND
         entries.append({"name": name, "kind": kind})
     return entries
@@ -185,7 +203,7 @@ def _declare_resident(module_op, stage, program) -> None:
     """Adds the resident state `stage` gathers by slots to the module's bt.resident."""
     declared = facts.get(module_op, facts.RESIDENT, [])
     for name, gather in stage.gathers.items():
-        if _stack(gather) != "slots":
+        if _stack(gather) not in _PER_SLOT:
             continue
         tenants = facts.get(module_op, facts.TENANTS)
         if tenants is None:

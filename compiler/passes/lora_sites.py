@@ -17,6 +17,19 @@ and without its scaling, which becomes a property of each loaded adapter
     %z = torch.aten.add.Tensor (matmul %x, %wt),
            (matmul (matmul %x, (transpose %A)), (transpose %B)), %int1
 
+An expert site is PEFT's merged expert stack (LoRA on MoE experts through
+`target_parameters`, which PEFT folds as `W + s·bmm(lhs, rhs)`), its factors
+A [E·r, in] (expert-major) and B [out, E·r] (the expert index fastest)
+reshaped per expert; it is rebuilt the same way, each expert's factors of
+rank R, and is described with its expert count E:
+
+    %a = view %A [E,r,in] ; %b = permute (view %B [out,r,E]), [2,0,1]   // [E,out,r]
+    %m = torch.aten.add.Tensor %W, (mul.Scalar (bmm %b, %a), %s)          // [E,out,in]
+  → %m = torch.aten.add.Tensor %W, (bmm (permute (view %B' [out,R,E])), (view %A' [E,R,in]))
+       with %A' : [E·R,in], %B' : [out,E·R]
+
+(a stack stored [E, in, out], GPT-OSS's, multiplies A's transpose by B's.)
+
 The sites are described once, on the module, for everything downstream
 (the manifest, the cost policy, the PEFT loader): one dictionary per site
 naming its factor arguments, with shapes, the model's rank and scaling,
@@ -128,12 +141,107 @@ def _rebuild(op, x, wt, biases, a, b, rank) -> None:
     op.result.replace_all_uses_with(total)
 
 
+_LAYOUT = ("torch.aten.view", "torch.aten.reshape", "torch.aten.permute", "torch.aten.transpose.int")
+
+
+def _layout_of_argument(value):
+    """(the adapter-time argument `value` is a reshape / permute of, whether PEFT's expert-major
+    permute [2, 0, 1] of B's (out, r, E) view is on the way) or None."""
+    experts_first = False
+    while not isinstance(value.owner, ir.Block):
+        op = value.owner.operation
+        if op.name not in _LAYOUT:
+            return None
+        if op.name == "torch.aten.permute" and not isinstance(op.operands[1].owner, ir.Block):
+            experts_first |= [_constant(v) for v in op.operands[1].owner.operation.operands] == [2, 0, 1]
+        value = op.operands[0]
+    return (value, experts_first) if value_time(value) == BindingTime.ADAPTER else None
+
+
+def _expert_site(op):
+    """(W, A, B, scaling, B first in the product) when `op` is PEFT's merged expert stack
+    W + s·bmm(lhs, rhs), else None."""
+    if (op.name != "torch.aten.add.Tensor" or value_time(op.result) != BindingTime.ADAPTER
+            or _constant(op.operands[2]) != 1):
+        return None
+    w, delta = op.operands[0], op.operands[1]
+    if value_time(w) != BindingTime.STATIC or len(vtensor_shape(w.type)[0]) != 3:
+        return None
+    scaling = 1.0
+    while not isinstance(delta.owner, ir.Block) and delta.owner.operation.name == "torch.aten.mul.Scalar":
+        factor = _constant(delta.owner.operation.operands[1])
+        if factor is None:
+            return None
+        scaling *= factor
+        delta = delta.owner.operation.operands[0]
+    if isinstance(delta.owner, ir.Block) or delta.owner.operation.name != "torch.aten.bmm":
+        return None
+    lhs, rhs = (_layout_of_argument(v) for v in delta.owner.operation.operands)
+    if lhs is None or rhs is None or lhs[1] == rhs[1]:
+        return None  # PEFT's B reaches the product through its permute to (E, out, r), its A does not
+    b_first = lhs[1]
+    a, b = (rhs[0], lhs[0]) if b_first else (lhs[0], rhs[0])
+    return w, a, b, scaling, b_first
+
+
+def _int_list(values: list) -> ir.Value:
+    return _timed(torch_d.PrimListConstructOp(ir.Type.parse("!torch.list<int>"),
+                                              [const_int(v, annotate=True) for v in values]))
+
+
+def _rebuild_experts(op, w, a, b, b_first: bool, rank: int) -> ir.Operation:
+    """Replaces `op` by W + bmm of the per-expert factors of rank `rank`; returns their views."""
+    experts, p, q = vtensor_shape(w.type)[0]
+    dtype = vtensor_shape(w.type)[1]
+    k, n = (q, p) if b_first else (p, q)  # in and out features
+    with ir.InsertionPoint(op), op.location:
+        a3 = _timed(torch_d.AtenViewOp(vtensor_type([experts, rank, k], dtype), a, _int_list([experts, rank, k])))
+        b3 = _timed(torch_d.AtenViewOp(vtensor_type([n, rank, experts], dtype), b, _int_list([n, rank, experts])))
+        b_e = _timed(torch_d.AtenPermuteOp(vtensor_type([experts, n, rank], dtype), b3, _int_list([2, 0, 1])))
+        if b_first:  # W [E, out, in]
+            delta = _timed(torch_d.AtenBmmOp(op.result.type, b_e, a3))
+        else:  # W [E, in, out]
+            one, two = const_int(1, annotate=True), const_int(2, annotate=True)
+            a_t = _timed(torch_d.AtenTransposeIntOp(vtensor_type([experts, k, rank], dtype), a3, one, two))
+            b_t = _timed(torch_d.AtenTransposeIntOp(vtensor_type([experts, rank, n], dtype), b_e, one, two))
+            delta = _timed(torch_d.AtenBmmOp(op.result.type, a_t, b_t))
+        merged = _timed(torch_d.AtenAddTensorOp(op.result.type, w, delta, const_int(1, annotate=True)))
+    op.result.replace_all_uses_with(merged)
+    return a3.owner.operation, b3.owner.operation
+
+
+def _expert_record(func, w, a, b, scaling, b_first, rank):
+    """The site record of an expert site, its factors checked against PEFT's layout."""
+    (experts, p, q), dtype = vtensor_shape(w.type)
+    k, n = (q, p) if b_first else (p, q)
+    a_name, b_name = (arg_name(func, v.arg_number) for v in (a, b))
+    a_dims, b_dims = vtensor_shape(a.type)[0], vtensor_shape(b.type)[0]
+    r = a_dims[0] // experts
+    if a_dims != [experts * r, k] or b_dims != [n, experts * r] or r == 0:
+        raise CompileError(f"expert LoRA factors {a_name!r} {a_dims} and {b_name!r} {b_dims} are not in PEFT's "
+                           f"layout for {experts} experts (lora_A [E*r, {k}], lora_B [{n}, E*r]): store them as PEFT does")
+    if r > rank:
+        raise CompileError(f"LoRA factor {a_name!r} has rank {r} per expert, above the maximum rank {rank}: "
+                           f"compile with a max rank of at least {r}")
+    return {"lora_A": a_name, "lora_B": b_name, "in_features": k, "out_features": n, "rank": r,
+            "scaling": float(scaling), "dtype": DTYPES[dtype], "experts": experts}
+
+
 def canonicalize(func, rank: int) -> list:
     """Rebuilds every LoRA site of `func`; returns the site records."""
     block = func.regions[0].blocks[0]
     sites, padded = [], {}
     for op in reversed(list(block.operations)):
         op = op.operation
+        expert = _expert_site(op)
+        if expert is not None:
+            w, a, b, scaling, b_first = expert
+            sites.append(_expert_record(func, w, a, b, scaling, b_first, rank))
+            experts, k, n = sites[-1]["experts"], sites[-1]["in_features"], sites[-1]["out_features"]
+            views = _rebuild_experts(op, w, a, b, b_first, rank)
+            padded[a] = (vtensor_type([experts * rank, k], vtensor_shape(a.type)[1]), views[0])
+            padded[b] = (vtensor_type([n, experts * rank], vtensor_shape(b.type)[1]), views[1])
+            continue
         if op.name != "torch.aten.add.Tensor" or value_time(op.result) != BindingTime.DYNAMIC:
             continue
         site = _site(op)
@@ -156,8 +264,12 @@ def canonicalize(func, rank: int) -> list:
                       "rank": r, "scaling": float(scaling), "dtype": DTYPES[dtype], "experts": 0})
     erase_dead_ops(block)
     for arg, type_ in padded.items():
-        stale = [u for u in users(arg) if u.name != "torch.aten.transpose.int" or u.results[0].type
-                 != vtensor_type(list(reversed(vtensor_shape(type_)[0])), vtensor_shape(type_)[1])]
+        if isinstance(type_, tuple):  # an expert site's factor, read by its per-expert view only
+            type_, view = type_
+            stale = [u for u in users(arg) if u != view]
+        else:
+            stale = [u for u in users(arg) if u.name != "torch.aten.transpose.int" or u.results[0].type
+                     != vtensor_type(list(reversed(vtensor_shape(type_)[0])), vtensor_shape(type_)[1])]
         if stale:
             raise CompileError(f"LoRA factor {arg_name(func, arg.arg_number)!r} is also used outside its "
                                f"LoRA site ({stale[0].name}): multi-tenant compilation needs factors used only there")
