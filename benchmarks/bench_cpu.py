@@ -32,7 +32,7 @@ import time
 import torch
 
 import stageml
-from harness import add_timing_options, fmt_ms, fmt_pct, loadavg, rel_err, start, timed
+from harness import add_timing_options, fmt_ms, fmt_pct, loadavg, rel_err, start, timed, verdict
 from workloads import LINEAR_LORA, LLAMA_LORA, Linear, Logits, small_llama
 from stageml.compiler.targets.cpu import CpuTarget
 
@@ -163,8 +163,8 @@ def main():
     for model, label, tokens, t, _, _ in rows:
         if model == "lora-linear" and tokens in TARGETS:
             ratio = t["stageml"] / t["merged"]
-            verdict = "met" if ratio <= TARGETS[tokens] else "MISSED"
-            print(f"  {tokens:>2} token(s): {ratio:.2f}x, target <= {TARGETS[tokens]:.1f}x: {verdict}")
+            print(f"  {tokens:>2} token(s): {ratio:.2f}x, target <= {TARGETS[tokens]:.1f}x: "
+                  + verdict(ratio, TARGETS[tokens], at_least=False))
 
 
 if __name__ == "__main__":

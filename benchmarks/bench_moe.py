@@ -30,7 +30,7 @@ import time
 import torch
 
 import stageml
-from harness import add_timing_options, fmt_ms, fmt_pct, loadavg, rel_err, start, timed
+from harness import add_timing_options, fmt_ms, fmt_pct, loadavg, rel_err, start, timed, verdict
 from workloads import Logits
 
 TENANTS = 16
@@ -140,11 +140,11 @@ def main():
             for loop in ("peft loop", "per-tenant"):
                 speedup = t[loop] / t["factorized"]
                 print(f"  {label}: factorized {speedup:.2f}x faster than the {loop}, target >= 2x: "
-                      + ("met" if speedup >= 2 else "MISSED"))
+                      + verdict(speedup, 2, at_least=True))
         if label == "1 tenant":
             ratio = t["merged"] / t["base"]
             print(f"  {label}: the merged plan {ratio:.2f}x the base model's residual, target <= 1.1x: "
-                  + ("met" if ratio <= 1.1 else "MISSED"))
+                  + verdict(ratio, 1.1, at_least=False))
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ import time
 import torch
 
 import stageml
-from harness import add_timing_options, fmt_ms, fmt_pct, loadavg, rel_err, start, timed
+from harness import add_timing_options, fmt_ms, fmt_pct, loadavg, rel_err, start, timed, verdict
 from workloads import LINEAR_LORA, LLAMA_LORA, Linear, Logits, small_llama
 
 TENANTS = 32
@@ -194,11 +194,11 @@ def main():
         if label == f"{TENANTS} tenants":
             speedup = t["peft loop"] / t["factorized"]
             print(f"  {model}, {label}: factorized {speedup:.2f}x faster than the PEFT loop, target >= 2x: "
-                  + ("met" if speedup >= 2 else "MISSED"))
+                  + verdict(speedup, 2, at_least=True))
         if label == "1 tenant":
             ratio = t["policy"] / t["base"]
             print(f"  {model}, {label}: policy {ratio:.2f}x the merged base-model residual, target <= 1.1x: "
-                  + ("met" if ratio <= 1.1 else "MISSED"))
+                  + verdict(ratio, 1.1, at_least=False))
 
 
 if __name__ == "__main__":

@@ -208,6 +208,11 @@ def timed(fns: dict, args, label: str):
     return {name: statistics.median(v) for name, v in timings.items()}, others
 
 
+def verdict(value: float, bound: float, at_least: bool) -> str:
+    """"met" when `value` is at least (or at most) `bound`, else "MISSED"."""
+    return "met" if (value >= bound if at_least else value <= bound) else "MISSED"
+
+
 def fmt_pct(x):
     return "n/a" if x is None else f"{x:.0%}"
 
