@@ -289,8 +289,8 @@ class LoraSitesOptions:
 def run(module_op, options, stats) -> None:
     sites = [site for func in programs(module_op) for site in canonicalize(func, options.max_rank)]
     if not sites:
-        raise CompileError("the model has no LoRA site (x@W + s*(x@A^T)@B^T with adapter-time PEFT lora_A/lora_B "
-                           "weights; LoRA on MoE expert stacks is not served per tenant yet): compile a PEFT "
+        raise CompileError("the model has no LoRA site (x@W + s*(x@A^T)@B^T, or an MoE expert stack "
+                           "W + s*bmm(B, A), with adapter-time PEFT lora_A/lora_B weights): compile a PEFT "
                            "LoRA model, or compile without max_adapters")
     facts.put(module_op, facts.SITES, sites)
     facts.put(module_op, facts.TENANTS, {"max_adapters": options.max_adapters, "max_rank": options.max_rank})
