@@ -215,18 +215,20 @@ def test_expert_lora_bad_adapters_change_nothing(tenants, tmp_path):
     assert mod.stats() == before and mod.adapters == ["a"]
 
 
-def test_expert_lora_tenants_on_transposed_biased_stacks(tmp_path):
-    """GPT-OSS's stacks are [E, in, out] with biases and interleaved gate/up: the per-tenant
-    factors multiply the other way round (x @ A_eᵀ then B_eᵀ), rows of two tenants and the base."""
+@pytest.mark.parametrize("family", ["gpt_oss", "qwen3_moe", "olmoe"])
+def test_expert_lora_tenants_of_other_families(family, tmp_path):
+    """Rows of two tenants (one rsLoRA) and the base model on the other families' layouts: GPT-OSS's
+    stacks are [E, in, out] with biases and interleaved gate/up, so the per-tenant factors multiply
+    the other way round (x @ A_eᵀ then B_eᵀ); Qwen3-MoE and OLMoE route top-2 of 8 experts."""
     _seeded()
-    model = transformers.AutoModelForCausalLM.from_config(FAMILIES["gpt_oss"]()).eval()
+    model = transformers.AutoModelForCausalLM.from_config(FAMILIES[family]()).eval()
     a = _expert_adapter(model, tmp_path / "a", 1, r=4, lora_alpha=8, target_modules=["q_proj"],
                         target_parameters=EXPERTS)
-    b = _expert_adapter(model, tmp_path / "b", 2, r=2, lora_alpha=4, target_parameters=EXPERTS)
+    b = _expert_adapter(model, tmp_path / "b", 2, r=2, lora_alpha=4, use_rslora=True, target_parameters=EXPERTS)
     art = stageml.compile(a, (torch.randint(0, 128, (2, 7)),), max_adapters=2, max_rank=4,
                           dynamic_shapes=({0: Dim("batch", max=8), 1: Dim("seq", max=32)},))
     assert art.report.rewrites["expert-factors"] == 4
-    mod = art.load(str(tmp_path / "gpt_oss.vmfb"), policy="factorized")
+    mod = art.load(str(tmp_path / f"{family}.vmfb"), policy="factorized")
     mod.load_adapter("a", str(tmp_path / "a"))
     mod.load_adapter("b", str(tmp_path / "b"))
     rows = ["a", None, "b", "b"]
