@@ -40,7 +40,7 @@ from stageml.compiler.passes.bt_improve import BtImproveOptions
 from stageml.compiler.passes.lora_sites import LoraSitesOptions
 from stageml.compiler.report import Report
 from stageml.compiler.targets import get_target
-from stageml.errors import CompileError, ModelLoadError
+from stageml.errors import ModelLoadError
 from stageml.files import write_files
 from stageml.runtime.module import as_numpy
 

@@ -127,6 +127,24 @@ def users(value: ir.Value) -> list:
     return [use.owner for use in value.uses]
 
 
+def defining_op(value: ir.Value):
+    """The operation that defines `value`, or None for a block argument."""
+    owner = value.owner
+    return owner.operation if isinstance(owner, (ir.Operation, ir.OpView)) else None
+
+
+_CONSTANTS = {"torch.constant.int": ir.IntegerAttr, "torch.constant.float": ir.FloatAttr,
+              "torch.constant.bool": ir.BoolAttr}
+
+
+def constant(value: ir.Value):
+    """The number (int, float or bool) a torch constant scalar holds, or None for any other value."""
+    op = defining_op(value)
+    if op is None or op.name not in _CONSTANTS:
+        return None
+    return _CONSTANTS[op.name](op.attributes["value"]).value
+
+
 # Ops whose results are not a function of their operands alone.
 _EFFECTFUL = ("torch.operator", "torch.aten.rand", "torch.aten.randn", "torch.aten.randint",
               "torch.aten.bernoulli", "torch.aten.dropout", "torch.aten.uniform",
@@ -135,6 +153,20 @@ _EFFECTFUL = ("torch.operator", "torch.aten.rand", "torch.aten.randn", "torch.at
 
 def is_effectful(op: ir.Operation) -> bool:
     return op.name.startswith(_EFFECTFUL)
+
+
+def op_time(op: ir.Operation) -> BindingTime:
+    """The binding time `op` must have, from its operands and its kind (bt-propagate's rule)."""
+    if is_effectful(op) or len(op.regions) > 0 or len(op.results) == 0:
+        return BindingTime.DYNAMIC
+    return BindingTime.STATIC.join(*(value_time(v) for v in op.operands))
+
+
+def timed(op) -> ir.Value:
+    """`op`'s result, `op` given the binding time its operands imply (for ops a pass builds in
+    annotated IR)."""
+    set_op_time(op.operation, op_time(op.operation))
+    return op.result
 
 
 def erase_dead_ops(block: ir.Block) -> int:

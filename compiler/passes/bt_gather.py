@@ -29,9 +29,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 
 from stageml.binding_time import BindingTime
-from stageml.compiler.ir import (NAME, TIME, const_int, parse_time, set_arg_attr, set_op_time,
-                                 time_attr, users, vtensor_shape,
-                                 vtensor_type)
+from stageml.compiler.ir import (NAME, TIME, const_int, parse_time, set_arg_attr, time_attr, timed, users,
+                                 vtensor_shape, vtensor_type)
 from stageml.compiler import facts
 from stageml.compiler.passes import program_of, programs, register
 from stageml.errors import CompileError
@@ -50,11 +49,6 @@ def _ids_argument(func) -> ir.Value:
     return ids
 
 
-def _timed(op):
-    set_op_time(op.operation, BindingTime.DYNAMIC)
-    return op.result
-
-
 def _per_row_product(product, rows: ir.Value) -> None:
     """matmul(x, w) → matmul(x, rows) with rows[b] the matrix of row b."""
     x = product.operands[0]
@@ -62,15 +56,15 @@ def _per_row_product(product, rows: ir.Value) -> None:
     k, n = vtensor_shape(rows.type)[0][1:]
     with ir.InsertionPoint(product), product.location:
         if len(x_dims) == 2:
-            x3 = _timed(torch_d.AtenUnsqueezeOp(vtensor_type([x_dims[0], 1, k], dtype), x, const_int(1, annotate=True)))
-            y3 = _timed(torch_d.AtenMatmulOp(vtensor_type([x_dims[0], 1, n], dtype), x3, rows))
-            y = _timed(torch_d.AtenSqueezeDimOp(product.results[0].type, y3, const_int(1, annotate=True)))
+            x3 = timed(torch_d.AtenUnsqueezeOp(vtensor_type([x_dims[0], 1, k], dtype), x, const_int(1, annotate=True)))
+            y3 = timed(torch_d.AtenMatmulOp(vtensor_type([x_dims[0], 1, n], dtype), x3, rows))
+            y = timed(torch_d.AtenSqueezeDimOp(product.results[0].type, y3, const_int(1, annotate=True)))
         else:
             for _ in range(len(x_dims) - 3):  # [B,K,N] → [B,1,...,K,N] to broadcast over middle dims
                 dims = vtensor_shape(rows.type)[0]
-                rows = _timed(torch_d.AtenUnsqueezeOp(vtensor_type(dims[:1] + [1] + dims[1:], dtype),
+                rows = timed(torch_d.AtenUnsqueezeOp(vtensor_type(dims[:1] + [1] + dims[1:], dtype),
                                                       rows, const_int(1, annotate=True)))
-            y = _timed(torch_d.AtenMatmulOp(product.results[0].type, x, rows))
+            y = timed(torch_d.AtenMatmulOp(product.results[0].type, x, rows))
     product.results[0].replace_all_uses_with(y)
     product.erase()
 
@@ -80,16 +74,16 @@ def _entry_ids(ids: ir.Value, entries: ir.Value, experts: int, cache: dict) -> i
     order: transformers flattens [B, S] tokens, StageML's experts repeat each token k times)
     take the slot of the request row they come from."""
     if entries not in cache:
-        n = _timed(torch_d.AtenSizeIntOp(entries, const_int(0, annotate=True)))
-        b = _timed(torch_d.AtenSizeIntOp(ids, const_int(0, annotate=True)))
-        per = _timed(torch_d.AtenFloordivIntOp(n, b))
-        column = _timed(torch_d.AtenUnsqueezeOp(vtensor_type([None, 1], "si64"), ids, const_int(1, annotate=True)))
-        sizes = _timed(torch_d.PrimListConstructOp(ir.Type.parse("!torch.list<int>"), [b, per]))
-        spread = _timed(torch_d.AtenBroadcastToOp(vtensor_type([None, None], "si64"), column, sizes))
-        slots = _timed(torch_d.AtenFlattenUsingIntsOp(vtensor_type([None], "si64"), spread,
+        n = timed(torch_d.AtenSizeIntOp(entries, const_int(0, annotate=True)))
+        b = timed(torch_d.AtenSizeIntOp(ids, const_int(0, annotate=True)))
+        per = timed(torch_d.AtenFloordivIntOp(n, b))
+        column = timed(torch_d.AtenUnsqueezeOp(vtensor_type([None, 1], "si64"), ids, const_int(1, annotate=True)))
+        sizes = timed(torch_d.PrimListConstructOp(ir.Type.parse("!torch.list<int>"), [b, per]))
+        spread = timed(torch_d.AtenBroadcastToOp(vtensor_type([None, None], "si64"), column, sizes))
+        slots = timed(torch_d.AtenFlattenUsingIntsOp(vtensor_type([None], "si64"), spread,
                                                       const_int(0, annotate=True), const_int(1, annotate=True)))
-        first = _timed(torch_d.AtenMulScalarOp(slots.type, slots, const_int(experts, annotate=True)))
-        cache[entries] = _timed(torch_d.AtenAddTensorOp(slots.type, first, entries, const_int(1, annotate=True)))
+        first = timed(torch_d.AtenMulScalarOp(slots.type, slots, const_int(experts, annotate=True)))
+        cache[entries] = timed(torch_d.AtenAddTensorOp(slots.type, first, entries, const_int(1, annotate=True)))
     return cache[entries]
 
 

@@ -33,11 +33,10 @@ row's adapter from its factors): the pass leaves it alone.
 import dataclasses
 
 from stageml.binding_time import BindingTime
-from stageml.compiler.ir import (const_int, erase_dead_ops, is_rematerializable, set_op_time,
+from stageml.compiler.ir import (const_int, timed, erase_dead_ops, is_rematerializable, set_op_time,
                                  users, value_time, vtensor_shape, vtensor_type)
 from stageml.compiler.facts import FACTORIZED
 from stageml.compiler.passes import program_of, programs, register
-from stageml.compiler.passes.bt_propagate import op_time
 from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 
@@ -129,8 +128,7 @@ def _build(matrix, dtype) -> ir.Value:
         op = torch_d.AtenMulScalarOp(lhs.type, lhs, matrix[2])
     else:
         op = torch_d.AtenAddTensorOp(lhs.type, lhs, _build(matrix[2], dtype), matrix[3])
-    set_op_time(op.operation, op_time(op.operation))
-    return op.result
+    return timed(op)
 
 
 def add_biases(value: ir.Value, biases) -> ir.Value:

@@ -10,15 +10,9 @@ dynamic. This is the least congruent annotation (DESIGN.md):
     %y = ... {bt.time = #bt.time<"dynamic">}
 """
 
-from stageml.binding_time import BindingTime
-from stageml.compiler.ir import is_effectful, set_op_time, value_time
+from stageml.compiler.ir import op_time, set_op_time
 from stageml.compiler.passes import programs, register
 
-def op_time(op) -> BindingTime:
-    """The binding time `op` must have, from its operands and its kind."""
-    if is_effectful(op) or len(op.regions) > 0 or len(op.results) == 0:
-        return BindingTime.DYNAMIC
-    return BindingTime.STATIC.join(*(value_time(v) for v in op.operands))
 
 
 def propagate(func) -> None:

@@ -50,7 +50,7 @@ from torch_mlir.dialects import torch as torch_d
 
 from stageml.binding_time import BindingTime
 from stageml.compiler import facts
-from stageml.compiler.ir import (DTYPES, NAME, TIME, arg_attrs, arg_name, const_int, is_rematerializable,
+from stageml.compiler.ir import (DTYPES, TIME, arg_attrs, arg_name, const_int, is_rematerializable,
                                  parse_time, users, value_time, vtensor_shape, vtensor_type)
 from stageml.compiler.passes import program_of, programs, register
 from stageml.errors import CompileError

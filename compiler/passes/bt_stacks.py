@@ -21,18 +21,11 @@ adapter state is per slot (bt-gather's), so there only static stacks are.
 from torch_mlir import ir
 
 from stageml.binding_time import BindingTime
-from stageml.compiler.ir import TIME, parse_time, users, value_time
+from stageml.compiler.ir import TIME, constant, parse_time, users, value_time
 from stageml.compiler import facts
 from stageml.compiler.passes import program_of, programs, register
 
 LEADING = "leading"  # bt.gather's stack: the value's own leading dimension
-
-
-def _constant_int(value: ir.Value):
-    owner = value.owner
-    if isinstance(owner, ir.Block) or owner.name != "torch.constant.int":
-        return None
-    return ir.IntegerAttr(owner.attributes["value"]).value
 
 
 def stacks(func) -> int:
@@ -48,7 +41,7 @@ def stacks(func) -> int:
             continue
         select = uses[0]
         if (select.name != "torch.aten.index_select" or select.operands[0] != lift.results[0]
-                or _constant_int(select.operands[1]) != 0 or value_time(select.operands[2]) != BindingTime.DYNAMIC):
+                or constant(select.operands[1]) != 0 or value_time(select.operands[2]) != BindingTime.DYNAMIC):
             continue
         with ir.InsertionPoint(select), select.location:
             gather = ir.Operation.create(

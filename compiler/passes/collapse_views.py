@@ -23,34 +23,21 @@ import math
 from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 
-from stageml.compiler.ir import const_int, vtensor_shape, vtensor_type
+from stageml.compiler.ir import const_int, constant, defining_op, vtensor_shape, vtensor_type
 from stageml.compiler.passes import register, rewrite_each
-
-
-def _op(value: ir.Value):
-    """The operation that defines `value`, or None for a block argument."""
-    owner = value.owner
-    return owner.operation if isinstance(owner, (ir.Operation, ir.OpView)) else None
-
-
-def _constant(value: ir.Value):
-    op = _op(value)
-    if op is not None and op.name == "torch.constant.int":
-        return ir.IntegerAttr(op.attributes["value"]).value
-    return None
 
 
 def _factors(value: ir.Value, x: ir.Value, rank: int):
     """(the input dims `value` multiplies, its constant factor), or None where it is not a
     product of constants and sizes of `x`."""
-    constant = _constant(value)
-    if constant is not None:
-        return frozenset(), constant
-    op = _op(value)
+    number = constant(value)
+    if number is not None:
+        return frozenset(), number
+    op = defining_op(value)
     if op is None:
         return None
     if op.name == "torch.aten.size.int" and op.operands[0] == x:
-        dim = _constant(op.operands[1])
+        dim = constant(op.operands[1])
         return None if dim is None else (frozenset({dim % rank}), 1)
     if op.name == "torch.aten.mul.int":
         parts = [_factors(v, x, rank) for v in op.operands]
@@ -79,13 +66,13 @@ def collapse(op, rewriter) -> bool:
     x, size_list = op.operands
     dims, dtype = vtensor_shape(x.type)
     out_dims, _ = vtensor_shape(op.result.type)
-    sizes_op = _op(size_list)
+    sizes_op = defining_op(size_list)
     if (len(out_dims) >= len(dims) or dims.count(None) < 2 or sizes_op is None
             or sizes_op.name != "torch.prim.ListConstruct"):
         return True
     sizes = list(sizes_op.operands)
-    factors = [None if _constant(s) == -1 else _factors(s, x, len(dims)) for s in sizes]
-    if sizes and any(f is None and _constant(s) != -1 for f, s in zip(factors, sizes)):
+    factors = [None if constant(s) == -1 else _factors(s, x, len(dims)) for s in sizes]
+    if sizes and any(f is None and constant(s) != -1 for f, s in zip(factors, sizes)):
         return True
     wild = [j for j, f in enumerate(factors) if f is None]
     if len(wild) > 1:

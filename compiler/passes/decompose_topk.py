@@ -26,18 +26,9 @@ import torch
 from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 
-from stageml.compiler.ir import DTYPES, const_int, vtensor_shape, vtensor_type
+from stageml.compiler.ir import DTYPES, const_int, constant, vtensor_shape, vtensor_type
 from stageml.compiler.passes import register, rewrite_each
 from stageml.errors import CompileError
-
-def _constant(value: ir.Value, kind: str):
-    owner = value.owner
-    op = owner.operation if isinstance(owner, (ir.Operation, ir.OpView)) else None
-    if op is None or op.name != f"torch.constant.{kind}":
-        return None
-    attr = op.attributes["value"]
-    return ir.IntegerAttr(attr).value if kind == "int" else ir.BoolAttr(attr).value
-
 
 def _cat(parts: list, type_: ir.Type) -> ir.Value:
     if len(parts) == 1:
@@ -50,7 +41,7 @@ def decompose(op, rewriter) -> bool:
     """The pattern: True when it does not apply (the bindings' convention)."""
     x, k_value, dim_value, largest_value = list(op.operands)[:4]
     dims, dtype = vtensor_shape(x.type)
-    k, dim, largest = _constant(k_value, "int"), _constant(dim_value, "int"), _constant(largest_value, "bool")
+    k, dim, largest = constant(k_value), constant(dim_value), constant(largest_value)
     if k is None or dim is None or largest is None or dim % len(dims) != len(dims) - 1 or dims[-1] is None:
         raise CompileError(f"{op.location}: torch.topk needs a constant k and largest, over the last dim "
                            f"of a static size; this one is over dim {dim} of {dims}: move the dim last")

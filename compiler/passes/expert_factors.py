@@ -25,26 +25,17 @@ from torch_mlir.dialects import torch as torch_d
 
 from stageml.binding_time import BindingTime
 from stageml.compiler import facts
-from stageml.compiler.ir import const_int, erase_dead_ops, set_op_time, users, value_time, vtensor_shape, vtensor_type
+from stageml.compiler.ir import (const_int, constant, defining_op, erase_dead_ops, timed, users, value_time,
+                                 vtensor_shape, vtensor_type)
 from stageml.compiler.passes import program_of, programs, register
-from stageml.compiler.passes.bt_propagate import op_time
-
-
-def _timed(op) -> ir.Value:
-    set_op_time(op.operation, op_time(op.operation))
-    return op.result
-
-
-def _owner(value):
-    return None if isinstance(value.owner, ir.Block) else value.owner.operation
 
 
 def _merged_stack(value):
     """(W, L, R) when `value` is lora-sites' merged expert stack W + bmm(L, R), else None."""
-    op = _owner(value)
+    op = defining_op(value)
     if op is None or op.name != "torch.aten.add.Tensor" or value_time(value) != BindingTime.ADAPTER:
         return None
-    w, delta = op.operands[0], _owner(op.operands[1])
+    w, delta = op.operands[0], defining_op(op.operands[1])
     if value_time(w) != BindingTime.STATIC or delta is None or delta.name != "torch.aten.bmm":
         return None
     return w, delta.operands[0], delta.operands[1]
@@ -53,31 +44,26 @@ def _merged_stack(value):
 def _swaps_last_two(op) -> bool:
     """Whether `op` is a permute [0, 2, 1] (or transpose of dims 1 and 2) of a 3-D value."""
     if op.name == "torch.aten.transpose.int":
-        dims = [_constant(v) for v in op.operands[1:]]
+        dims = [constant(v) for v in op.operands[1:]]
         return sorted(d % 3 for d in dims if d is not None) == [1, 2]
     if op.name == "torch.aten.permute":
-        listed = _owner(op.operands[1])
-        return listed is not None and [_constant(v) for v in listed.operands] == [0, 2, 1]
+        listed = defining_op(op.operands[1])
+        return listed is not None and [constant(v) for v in listed.operands] == [0, 2, 1]
     return False
-
-
-def _constant(value):
-    op = _owner(value)
-    return ir.IntegerAttr(op.attributes["value"]).value if op is not None and op.name == "torch.constant.int" else None
 
 
 def _transposed(value) -> ir.Value:
     (e, p, q), dtype = vtensor_shape(value.type)
     one, two = const_int(1, annotate=True), const_int(2, annotate=True)
-    return _timed(torch_d.AtenTransposeIntOp(vtensor_type([e, q, p], dtype), value, one, two))
+    return timed(torch_d.AtenTransposeIntOp(vtensor_type([e, q, p], dtype), value, one, two))
 
 
 def _row_product(x, stack, ids, type_) -> ir.Value:
     """bmm(x, index_select(stack, 0, ids))."""
     dims, dtype = vtensor_shape(stack.type)
-    rows = _timed(torch_d.AtenIndexSelectOp(vtensor_type([vtensor_shape(ids.type)[0][0]] + dims[1:], dtype),
+    rows = timed(torch_d.AtenIndexSelectOp(vtensor_type([vtensor_shape(ids.type)[0][0]] + dims[1:], dtype),
                                             stack, const_int(0, annotate=True), ids))
-    return _timed(torch_d.AtenBmmOp(type_, x, rows))
+    return timed(torch_d.AtenBmmOp(type_, x, rows))
 
 
 def factor(func) -> int:
@@ -85,10 +71,10 @@ def factor(func) -> int:
     count = 0
     for op in list(func.regions[0].blocks[0].operations):
         op = op.operation
-        if op.name != "torch.aten.index_select" or _constant(op.operands[1]) != 0:
+        if op.name != "torch.aten.index_select" or constant(op.operands[1]) != 0:
             continue
         stack, permuted = op.operands[0], False
-        layout = _owner(stack)
+        layout = defining_op(stack)
         if layout is not None and _swaps_last_two(layout):
             stack, permuted = layout.operands[0], True
         merged = _merged_stack(stack)
@@ -108,7 +94,7 @@ def factor(func) -> int:
                 low = _row_product(x, first, op.operands[2],
                                    vtensor_type(vtensor_shape(x.type)[0][:2] + [rank], dtype))
                 delta = _row_product(low, second, op.operands[2], type_)
-                total = _timed(torch_d.AtenAddTensorOp(type_, base, delta, const_int(1, annotate=True)))
+                total = timed(torch_d.AtenAddTensorOp(type_, base, delta, const_int(1, annotate=True)))
             product.results[0].replace_all_uses_with(total)
             product.erase()
             count += 1

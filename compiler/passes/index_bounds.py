@@ -26,20 +26,13 @@ from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 
 from stageml.compiler import facts
-from stageml.compiler.ir import const_int, vtensor_shape
+from stageml.compiler.ir import const_int, constant, vtensor_shape
 from stageml.compiler.passes import register
 
 # op name → (operand holding the indexed dimension, or None: dimension 0; operand holding the indices)
 _CLAMPED = {"torch.aten.embedding": (None, 1), "torch.aten.index_select": (1, 2), "torch.aten.gather": (1, 2)}
 # ops indexing dimension i with the i-th tensor of a list (None: that dimension whole)
 _LISTED = ("torch.aten.index.Tensor", "torch.aten.index.Tensor_hacked_twin")
-
-
-def _constant_int(value) -> int | None:
-    owner = value.owner
-    if isinstance(owner, ir.Block) or owner.name != "torch.constant.int":
-        return None
-    return ir.IntegerAttr(owner.attributes["value"]).value
 
 
 def _static_rows(func, table, dim: int, resident: dict) -> int | None:
@@ -89,7 +82,7 @@ def _bound_indices(func, op, resident: dict, ranges: dict, cache: dict) -> int:
         indices = [(d, v) for d, v in enumerate(listed.operands) if not str(v.type).startswith("!torch.none")]
     else:
         dim_at, index_at = _CLAMPED[op.name]
-        dim = 0 if dim_at is None else _constant_int(op.operands[dim_at])
+        dim = 0 if dim_at is None else constant(op.operands[dim_at])
         if dim is None:
             return 0
         indices = [(dim, op.operands[index_at])]

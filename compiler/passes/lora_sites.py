@@ -47,33 +47,22 @@ from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 
 from stageml.binding_time import BindingTime
-from stageml.compiler.ir import (DTYPES, arg_name, const_int, erase_dead_ops, set_op_time,
-                                 users, value_time, vtensor_shape,
-                                 vtensor_type)
+from stageml.compiler.ir import (DTYPES, arg_name, const_int, constant, erase_dead_ops, timed, users,
+                                 value_time, vtensor_shape, vtensor_type)
 from stageml.compiler import facts
 from stageml.compiler.passes import programs, register
 from stageml.compiler.passes.bt_improve import add_biases, linear_form
-from stageml.compiler.passes.bt_propagate import op_time
 from stageml.errors import CompileError
-
-def _constant(value):
-    """The number a constant scalar value holds, or None."""
-    op = value.owner
-    if isinstance(op, ir.Block) or op.operation.name not in ("torch.constant.float", "torch.constant.int"):
-        return None
-    attr = op.operation.attributes["value"]
-    return ir.FloatAttr(attr).value if op.operation.name == "torch.constant.float" else ir.IntegerAttr(attr).value
-
 
 def _swaps(op) -> bool | None:
     """Whether a 2-D layout op transposes its operand (None: not a layout op)."""
     if op.name in ("torch.aten.t", "torch.aten.numpy_T"):
         return True
     if op.name == "torch.aten.transpose.int":
-        dims = [_constant(v) for v in op.operands[1:]]
+        dims = [constant(v) for v in op.operands[1:]]
         return None if None in dims else dims[0] % 2 != dims[1] % 2
     if op.name == "torch.aten.permute" and not isinstance(op.operands[1].owner, ir.Block):
-        dims = [_constant(v) for v in op.operands[1].owner.operation.operands]
+        dims = [constant(v) for v in op.operands[1].owner.operation.operands]
         return None if None in dims else [d % 2 for d in dims] == [1, 0]
     return None
 
@@ -97,7 +86,7 @@ def _lora_branch(matrix):
     """(A argument, B argument, scaling) of `s·(At@Bt)`, or None."""
     scaling = 1.0
     while matrix[0] == "scale":
-        factor = _constant(matrix[2])
+        factor = constant(matrix[2])
         if factor is None:
             return None
         scaling *= factor
@@ -121,23 +110,18 @@ def _site(op):
     return None
 
 
-def _timed(op):
-    set_op_time(op.operation, op_time(op.operation))
-    return op.result
-
-
 def _rebuild(op, x, wt, biases, a, b, rank) -> None:
     """Replaces `op` by x@wt + biases + (x@a^T)@b^T, the factors of rank `rank`."""
     (k, n), dtype = vtensor_shape(wt.type)
     x_dims = vtensor_shape(x.type)[0]
     with ir.InsertionPoint(op), op.location:
         zero, one = const_int(0, annotate=True), const_int(1, annotate=True)
-        at = _timed(torch_d.AtenTransposeIntOp(vtensor_type([k, rank], dtype), a, zero, one))
-        bt = _timed(torch_d.AtenTransposeIntOp(vtensor_type([rank, n], dtype), b, zero, one))
-        base = add_biases(_timed(torch_d.AtenMatmulOp(op.result.type, x, wt)), biases)
-        low = _timed(torch_d.AtenMatmulOp(vtensor_type(x_dims[:-1] + [rank], dtype), x, at))
-        delta = _timed(torch_d.AtenMatmulOp(op.result.type, low, bt))
-        total = _timed(torch_d.AtenAddTensorOp(op.result.type, base, delta, one))
+        at = timed(torch_d.AtenTransposeIntOp(vtensor_type([k, rank], dtype), a, zero, one))
+        bt = timed(torch_d.AtenTransposeIntOp(vtensor_type([rank, n], dtype), b, zero, one))
+        base = add_biases(timed(torch_d.AtenMatmulOp(op.result.type, x, wt)), biases)
+        low = timed(torch_d.AtenMatmulOp(vtensor_type(x_dims[:-1] + [rank], dtype), x, at))
+        delta = timed(torch_d.AtenMatmulOp(op.result.type, low, bt))
+        total = timed(torch_d.AtenAddTensorOp(op.result.type, base, delta, one))
     op.result.replace_all_uses_with(total)
 
 
@@ -153,7 +137,7 @@ def _layout_of_argument(value):
         if op.name not in _LAYOUT:
             return None
         if op.name == "torch.aten.permute" and not isinstance(op.operands[1].owner, ir.Block):
-            experts_first |= [_constant(v) for v in op.operands[1].owner.operation.operands] == [2, 0, 1]
+            experts_first |= [constant(v) for v in op.operands[1].owner.operation.operands] == [2, 0, 1]
         value = op.operands[0]
     return (value, experts_first) if value_time(value) == BindingTime.ADAPTER else None
 
@@ -162,14 +146,14 @@ def _expert_site(op):
     """(W, A, B, scaling, B first in the product) when `op` is PEFT's merged expert stack
     W + s·bmm(lhs, rhs), else None."""
     if (op.name != "torch.aten.add.Tensor" or value_time(op.result) != BindingTime.ADAPTER
-            or _constant(op.operands[2]) != 1):
+            or constant(op.operands[2]) != 1):
         return None
     w, delta = op.operands[0], op.operands[1]
     if value_time(w) != BindingTime.STATIC or len(vtensor_shape(w.type)[0]) != 3:
         return None
     scaling = 1.0
     while not isinstance(delta.owner, ir.Block) and delta.owner.operation.name == "torch.aten.mul.Scalar":
-        factor = _constant(delta.owner.operation.operands[1])
+        factor = constant(delta.owner.operation.operands[1])
         if factor is None:
             return None
         scaling *= factor
@@ -185,7 +169,7 @@ def _expert_site(op):
 
 
 def _int_list(values: list) -> ir.Value:
-    return _timed(torch_d.PrimListConstructOp(ir.Type.parse("!torch.list<int>"),
+    return timed(torch_d.PrimListConstructOp(ir.Type.parse("!torch.list<int>"),
                                               [const_int(v, annotate=True) for v in values]))
 
 
@@ -195,17 +179,17 @@ def _rebuild_experts(op, w, a, b, b_first: bool, rank: int) -> ir.Operation:
     dtype = vtensor_shape(w.type)[1]
     k, n = (q, p) if b_first else (p, q)  # in and out features
     with ir.InsertionPoint(op), op.location:
-        a3 = _timed(torch_d.AtenViewOp(vtensor_type([experts, rank, k], dtype), a, _int_list([experts, rank, k])))
-        b3 = _timed(torch_d.AtenViewOp(vtensor_type([n, rank, experts], dtype), b, _int_list([n, rank, experts])))
-        b_e = _timed(torch_d.AtenPermuteOp(vtensor_type([experts, n, rank], dtype), b3, _int_list([2, 0, 1])))
+        a3 = timed(torch_d.AtenViewOp(vtensor_type([experts, rank, k], dtype), a, _int_list([experts, rank, k])))
+        b3 = timed(torch_d.AtenViewOp(vtensor_type([n, rank, experts], dtype), b, _int_list([n, rank, experts])))
+        b_e = timed(torch_d.AtenPermuteOp(vtensor_type([experts, n, rank], dtype), b3, _int_list([2, 0, 1])))
         if b_first:  # W [E, out, in]
-            delta = _timed(torch_d.AtenBmmOp(op.result.type, b_e, a3))
+            delta = timed(torch_d.AtenBmmOp(op.result.type, b_e, a3))
         else:  # W [E, in, out]
             one, two = const_int(1, annotate=True), const_int(2, annotate=True)
-            a_t = _timed(torch_d.AtenTransposeIntOp(vtensor_type([experts, k, rank], dtype), a3, one, two))
-            b_t = _timed(torch_d.AtenTransposeIntOp(vtensor_type([experts, rank, n], dtype), b_e, one, two))
-            delta = _timed(torch_d.AtenBmmOp(op.result.type, a_t, b_t))
-        merged = _timed(torch_d.AtenAddTensorOp(op.result.type, w, delta, const_int(1, annotate=True)))
+            a_t = timed(torch_d.AtenTransposeIntOp(vtensor_type([experts, k, rank], dtype), a3, one, two))
+            b_t = timed(torch_d.AtenTransposeIntOp(vtensor_type([experts, rank, n], dtype), b_e, one, two))
+            delta = timed(torch_d.AtenBmmOp(op.result.type, a_t, b_t))
+        merged = timed(torch_d.AtenAddTensorOp(op.result.type, w, delta, const_int(1, annotate=True)))
     op.result.replace_all_uses_with(merged)
     return a3.owner.operation, b3.owner.operation
 
