@@ -6,7 +6,7 @@ import torch
 from torch.export import Dim
 
 import stageml
-from models import MLP, LoraLinear, rel_err
+from models import MLP, LoraLinear, peft_llama, rel_err
 from stageml.compiler import facts
 
 
@@ -225,6 +225,23 @@ def test_half_precision_models(tmp_path, dtype, bound):
     assert y.dtype == dtype  # torch in, torch out (numpy in: ml_dtypes.bfloat16 for bfloat16)
     expected = model.double()(x.double())
     assert rel_err(y, expected) <= bound
+
+
+@pytest.mark.parametrize("dtype, bound", [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
+def test_half_precision_llama(tmp_path, dtype, bound):
+    """Attention in half precision (a batch matmul on f16→f32 extended operands), which
+    IREE's default data-tiling path fails to compile (compiler/targets/cpu.py)."""
+    seed = torch.seed()
+    print("seed", seed)
+    model = peft_llama(seed=seed % 2 ** 31).to(dtype)
+    art = stageml.compile(model, (torch.randint(0, 128, (2, 7)),),
+                          dynamic_shapes=({0: Dim("b", max=8), 1: Dim("s", max=32)},))
+    mod = art.load(str(tmp_path / "llama.vmfb"))
+    reference = model.double()
+    for shape in [(1, 1), (3, 9)]:
+        x = torch.randint(0, 128, shape)
+        with torch.no_grad():
+            assert rel_err(mod(x), reference(x)) <= bound, shape
 
 
 def test_torch_tensors_in_torch_tensors_out(tmp_path):

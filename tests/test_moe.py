@@ -126,6 +126,60 @@ def test_peft_expert_lora_merges_at_adapter_load(family, tmp_path):
 
 
 
+@pytest.mark.parametrize("dtype, bound", [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
+def test_half_precision_expert_lora(dtype, bound, tmp_path):
+    """A half-precision Mixtral with LoRA on its experts and attention, against the same
+    half-precision weights in float64 (transformers' eager experts: no float64 grouped_mm)."""
+    from peft import LoraConfig, get_peft_model
+
+    _seeded()
+    config = FAMILIES["mixtral"]()
+    peft_model = get_peft_model(transformers.AutoModelForCausalLM.from_config(config), LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+        target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])).eval()
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+            if name.endswith("mlp.gate.weight"):  # a router as decisive as a trained one, not near-uniform
+                p.mul_(20)
+    peft_model = peft_model.to(dtype)
+    ids = torch.randint(0, 128, (2, 7))
+    art = stageml.compile(peft_model, (ids,), dynamic_shapes=({0: Dim("batch", max=8), 1: Dim("seq", max=32)},))
+    mod = art.load(str(tmp_path / "half.vmfb"))
+    reference = peft_model.double()
+    reference.base_model.model.config._experts_implementation = "eager"
+    for shape in [(1, 1), (2, 6)]:
+        x, expected = _decisively_routed(reference, shape)
+        y = mod(x)
+        assert y.dtype == dtype
+        assert rel_err(y, expected) <= bound, shape
+
+
+def _decisively_routed(reference, shape, margin=0.1, tries=50):
+    """Token ids of `shape` and `reference`'s logits for them, drawn until every token's k-th
+    router logit beats the next by `margin` in every layer. Near a tie, the expert a
+    half-precision model picks is a rounding's choice (PyTorch's own bf16 run differs from
+    float64 there), and one token routed elsewhere moves the logits by more than the bound."""
+    gaps = []
+    routers = [m for m in reference.modules() if type(m).__name__.endswith("TopKRouter")]
+    hooks = [r.register_forward_hook(lambda m, args, out: gaps.append(
+        (lambda z: z[..., m.top_k - 1] - z[..., m.top_k])(out[0].sort(-1, descending=True).values)))
+        for r in routers]
+    try:
+        for _ in range(tries):
+            gaps.clear()
+            x = torch.randint(0, 128, shape)
+            with torch.no_grad():
+                expected = reference(x).logits
+            if min(float(g.min()) for g in gaps) >= margin:
+                return x, expected
+    finally:
+        for hook in hooks:
+            hook.remove()
+    pytest.fail(f"no input of shape {shape} routed every token by a margin of {margin} in {tries} tries")
+
+
 def _expert_adapter(model, path, seed: int, **config):
     """A PEFT adapter on a copy of `model` with random (non-zero) factors, saved to `path`."""
     import copy

@@ -130,6 +130,32 @@ def f32_tiles(arch: str, features: frozenset) -> tuple:
     return tuple(ladder) + ((None, m0, n0, 1),)
 
 
+def _data_tiling(module) -> str:
+    """IREE's data-tiling flag for `module` (the residual's IREE input, or None).
+
+    `--iree-opt-data-tiling` picks IREE 3.13's dispatch-creation path, which fails on
+    half-precision attention (a transpose + f16→f32 extension feeding a batch matmul's
+    encoding: "'affine.delinearize_index' op no basis element may be statically
+    non-positive", the canonicalization bug of llvm/llvm-project#205238, fixed by
+    llvm/llvm-project#205288). The global-optimization path compiles those; for f32 it
+    was 1.6-1.9x slower on a 2-layer Llama (AMD EPYC Zen 3), so only modules with f16 or
+    bf16 tensors take it."""
+    return "--iree-global-opt-data-tiling" if module is not None and _has_half(module) else "--iree-opt-data-tiling"
+
+
+def _has_half(module) -> bool:
+    """Whether a function of `module` takes or returns f16 / bf16 tensors."""
+    from iree.compiler import ir
+    for op in module.operation.regions[0].blocks[0].operations:
+        if op.operation.name != "func.func":
+            continue
+        fn = ir.FunctionType(ir.TypeAttr(op.operation.attributes["function_type"]).value)
+        for type_ in list(fn.inputs) + list(fn.results):
+            if isinstance(type_, ir.RankedTensorType) and isinstance(type_.element_type, (ir.F16Type, ir.BF16Type)):
+                return True
+    return False
+
+
 class CpuTarget(Target):
     """IREE's llvm-cpu backend for one CPU ("host" or an LLVM CPU name)."""
 
@@ -159,7 +185,7 @@ class CpuTarget(Target):
     def flags(self, module=None) -> list:
         # Measured on a 2-core CPU to matter 4x for weight-heavy residuals (DESIGN.md):
         # what layout work is left is done once, at load time, not per request.
-        return [f"--iree-llvmcpu-target-cpu={self.cpu}", "--iree-opt-data-tiling",
+        return [f"--iree-llvmcpu-target-cpu={self.cpu}", _data_tiling(module),
                 "--iree-opt-const-eval", "--iree-opt-const-expr-hoisting"]
 
     def passes(self) -> list:
