@@ -57,6 +57,7 @@ class Plan:
     forms: dict            # adapter name -> "merged" | "factorized"
     bytes_held: int
     flops_saved: int       # request-time FLOPs the merged adapters avoid
+    reasons: dict = dataclasses.field(default_factory=dict)  # adapter name -> why its form
 
 
 def plan(adapters: list, budget_bytes: int) -> Plan:
@@ -84,4 +85,16 @@ def plan(adapters: list, budget_bytes: int) -> Plan:
                 frontier[used], best = grown[used], grown[used][0]
     used, (saved, merged) = max(frontier.items(), key=lambda kv: (kv[1][0], -kv[0]))
     forms = {a.name: "merged" if a.name in merged else "factorized" for a in adapters}
-    return Plan(forms, floor + used, saved)
+    return Plan(forms, floor + used, saved, {a.name: _reason(a, a.name in merged, capacity) for a in adapters})
+
+
+def _reason(adapter: AdapterProfile, merged: bool, capacity: int) -> str:
+    """Why `plan` gave `adapter` its form, in one phrase."""
+    gain = adapter.requests * adapter.factorized_flops_per_token
+    if merged:
+        return f"merging saves {gain:.0f} request-time FLOPs for {adapter.merged_bytes} bytes"
+    if gain <= 0:
+        return "no traffic since the last re-plan"
+    if adapter.merged_bytes > capacity:
+        return f"its merged copy ({adapter.merged_bytes} bytes) exceeds the budget's room ({capacity} bytes)"
+    return "the budget's room saves more FLOPs merging other adapters"

@@ -50,14 +50,14 @@ WEIGHTS, FOLDED = ".weights.safetensors", ".folded.safetensors"
 
 
 def bt_pipeline(options: CompileOptions, stages: dict) -> list:
-    """The binding-time passes, in order (multi-tenant compiles add three)."""
+    """The binding-time passes, in order (multi-tenant compiles add their own)."""
     tenants = options.multi_tenant
     return [("bt-annotate", BtAnnotateOptions(tuple(stages.items()))), ("bt-propagate", None), ("bt-verify", None),
             *([("lora-sites", LoraSitesOptions(options.max_rank, options.max_adapters)), ("bt-verify", None),
                ("factorized-program", None), ("expert-factors", None), ("bt-verify", None)] if tenants else []),
             ("bt-improve", BtImproveOptions(options.merge_lora)), ("bt-verify", None),
             ("bt-lift", None), ("bt-stacks", None), ("bt-verify", None),
-            *([("bt-gather", None), ("bt-verify", None)] if tenants else [])]
+            *([("bt-gather", None), ("routing-counts", None), ("bt-verify", None)] if tenants else [])]
 
 
 SPLIT_PIPELINE = [("bt-split", None), ("index-bounds", None), ("flatten-matmul", None), ("collapse-views", None),

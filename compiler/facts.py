@@ -46,6 +46,7 @@ IDS = "adapter_ids"  # the factorized program's request input: each row's adapte
 # Argument kinds. A parameter's value is static, state and resident state are
 # adapter-time, an input or slot has the function's own stage.
 PARAMETER, STATE, RESIDENT_KIND, INPUT, SLOT, OUTPUT = "parameter", "state", "resident", "input", "slot", "output"
+ROUTING = "routing"  # a result: the rows one MoE layer routed to each (slot, expert) (routing-counts)
 
 
 def _ir(obj):

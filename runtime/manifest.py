@@ -56,12 +56,13 @@ class ValueRange(_Strict):
 class Value(_Strict):
     """An argument or result of an entry point (compiler/facts.py's facts, shape and dtype)."""
     name: Name
-    kind: Literal["parameter", "state", "resident", "input", "slot", "output"]
+    kind: Literal["parameter", "state", "resident", "input", "slot", "output", "routing"]
     shape: list[Count | None]
     dtype: Literal[DTYPES]
     result: Count | None = None
     dims: list[DimRange] | None = None
     range: ValueRange | None = None
+    sites: list[Name] | None = None  # a routing result's expert sites (their lora_A names)
 
 
 class EntryPoint(_Strict):

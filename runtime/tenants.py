@@ -31,7 +31,7 @@ import threading
 import numpy as np
 from iree import runtime as iree_rt
 
-from stageml.compiler.facts import FACTORIZED, IDS, MAIN
+from stageml.compiler.facts import FACTORIZED, IDS, MAIN, ROUTING
 from stageml.errors import AdapterError, InputError
 from stageml.policy import AdapterProfile, LoraSite, plan
 from stageml.runtime import peft_adapter
@@ -52,6 +52,8 @@ class _Adapter:
     requests: float = 0.0     # rows served, halved at every re-plan
     total: int = 0            # rows served since loaded
     last_used: int = 0
+    routed: dict = dataclasses.field(default_factory=dict)  # MoE layer -> rows routed per expert (factorized calls)
+    reason: str = ""          # why the policy gave it its form
 
 
 @dataclasses.dataclass
@@ -94,6 +96,9 @@ class TenantModule(ResidualModule):
         sites = tuple(LoraSite(s["in_features"], s["out_features"], numpy_dtype(s["dtype"]).itemsize,
                                max(s.get("experts", 0), 1)) for s in self._sites)
         self._profile = AdapterProfile("", self._max_rank, sites)
+        factorized = self.entry("dynamic", FACTORIZED)["results"]
+        self._routing = [r["sites"] for r in factorized if r["kind"] == ROUTING]  # per MoE layer: its sites
+        self._routed = []  # (slot -> adapter name, the routing results) of calls not yet counted
 
     # -- adapters -------------------------------------------------------------
 
@@ -205,14 +210,18 @@ class TenantModule(ResidualModule):
     def _replan(self, decay: bool = False) -> None:
         """Applies the policy to the resident adapters; `decay` then halves their
         traffic counts (the periodic re-plan), so that recent traffic counts most."""
+        self._count_routing()
         resident = {n: a for n, a in self._adapters.items() if a.slot is not None}
         if self._policy == "auto":
             profiles = [dataclasses.replace(self._profile, name=n, requests=a.requests) for n, a in resident.items()]
             budget = self._budget if self._budget is not None else float("inf")
-            forms = plan(profiles, budget).forms
+            chosen = plan(profiles, budget)
+            forms, reasons = chosen.forms, chosen.reasons
         else:
             forms = {n: self._policy for n in resident}
+            reasons = {n: f"policy {self._policy!r}" for n in resident}
         for name, adapter in resident.items():
+            adapter.reason = reasons[name]
             if forms[name] == "merged" and adapter.merged is None:
                 adapter.merged = self._run_adapter(self._arguments(adapter))
             elif forms[name] == "factorized":
@@ -220,18 +229,76 @@ class TenantModule(ResidualModule):
             if decay:
                 adapter.requests /= 2
 
+    @staticmethod
+    def _form(adapter: _Adapter) -> str:
+        return "evicted" if adapter.slot is None else "merged" if adapter.merged else "factorized"
+
     def stats(self) -> dict:
         """Per adapter: form (merged, factorized or evicted), slot, bytes held and
-        rows served; plus the totals and the budget."""
+        rows served; plus the totals, the budget and the (tenant, expert) plan."""
         with self._lock:
-            adapters = {n: {"form": "evicted" if a.slot is None else "merged" if a.merged else "factorized",
-                            "slot": a.slot, "bytes_held": self._bytes_of(a), "requests": a.total}
+            adapters = {n: {"form": self._form(a), "slot": a.slot, "bytes_held": self._bytes_of(a),
+                            "requests": a.total}
                         for n, a in sorted(self._adapters.items())}
             return {"adapters": adapters, "bytes_held": self._bytes_held(), "budget": self._budget,
                     "policy": self._policy, "slots": self.tenants["max_adapters"],
-                    "slots_free": len(self._free)}
+                    "slots_free": len(self._free), "plan": self.plan()}
+
+    def plan(self) -> dict:
+        """The current plan per MoE layer, tenant and expert, as JSON-ready data:
+
+            {"policy": "auto", "budget": ..., "bytes_held": ...,
+             "layers": [{"layer": 0, "sites": [lora_A names], "experts": E}],
+             "pairs": [{"layer": 0, "tenant": "a", "expert": 3, "form": "factorized",
+                        "bytes": ..., "tokens": 17, "reason": "..."}]}
+
+        `tokens` counts the rows routed to the pair in factorized calls since the
+        adapter was loaded. A pair's form is its tenant's (the policy decides per
+        tenant; a pair of its own, a "virtual expert", is not served yet) and its
+        `bytes` are what the tenant holds for that expert on the layer's sites."""
+        with self._lock:
+            self._count_routing()
+            layers, pairs = [], []
+            for index, names in enumerate(self._routing):
+                sites = [s for s in self._sites if s["lora_A"] in names]
+                experts = sites[0]["experts"]
+                layers.append({"layer": index, "sites": names, "experts": experts})
+                factors = sum(self._max_rank * (s["in_features"] + s["out_features"])
+                              * numpy_dtype(s["dtype"]).itemsize for s in sites)
+                merged = sum(s["in_features"] * s["out_features"] * numpy_dtype(s["dtype"]).itemsize for s in sites)
+                for name, adapter in sorted(self._adapters.items()):
+                    form = self._form(adapter)
+                    held = 0 if form == "evicted" else factors + (merged if form == "merged" else 0)
+                    routed = adapter.routed.get(index, np.zeros(experts, np.int64))
+                    reason = ("evicted (least recently used): reloaded when next used" if form == "evicted"
+                              else adapter.reason)
+                    pairs.extend({"layer": index, "tenant": name, "expert": e, "form": form, "bytes": held,
+                                  "tokens": int(routed[e]), "reason": reason} for e in range(experts))
+            return {"policy": self._policy, "budget": self._budget, "bytes_held": self._bytes_held(),
+                    "layers": layers, "pairs": pairs}
+
+    def _count_routing(self) -> None:
+        """Adds the routing counts of the calls since the last count to their adapters."""
+        pending, self._routed = self._routed, []
+        for owners, results in pending:
+            for layer, result in enumerate(results):
+                counts = np.asarray(result.to_host())
+                for slot, name in owners.items():
+                    adapter = self._adapters.get(name)
+                    if adapter is not None:
+                        adapter.routed[layer] = adapter.routed.get(layer, 0) + counts[slot]
 
     # -- requests -------------------------------------------------------------
+
+    def _routing_split(self, results, batch: _Batch) -> list:
+        """The factorized call's outputs; its routing counts are kept (read at the next count)."""
+        results = list(results) if isinstance(results, (tuple, list)) else [results]
+        kinds = [r["kind"] for r in self.entry("dynamic", FACTORIZED)["results"]]
+        self._routed.append(({a.slot: n for n, a in batch.named.items()},
+                             [r for r, k in zip(results, kinds) if k == ROUTING]))
+        if len(self._routed) > self._replan_every:
+            self._count_routing()
+        return [r for r, k in zip(results, kinds) if k != ROUTING]
 
     def __call__(self, *inputs, adapter=None):
         """The residual with one adapter (None: the base model) for every row."""
@@ -297,6 +364,8 @@ class TenantModule(ResidualModule):
                     batch.ids = iree_rt.asdevicearray(self._config.device, batch.slots)
                 values[IDS] = batch.ids
                 results = self._call(self.entry("dynamic", FACTORIZED), values)
+                if self._routing:
+                    results = self._routing_split(results, batch)
             self._calls += 1
             if self._calls % self._replan_every == 0:
                 self._replan(decay=True)

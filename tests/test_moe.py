@@ -253,6 +253,51 @@ def test_expert_lora_tenants_in_one_batch(tenants, policy):
         assert set(forms.values()) == {policy}
 
 
+def _routed(model, x) -> list:
+    """Per MoE layer, the experts `model` routes each row's tokens to: [rows, tokens·k] each."""
+    routed = []
+    hooks = [m.register_forward_hook(lambda m, args, out: routed.append(out[2].reshape(x.shape[0], -1)))
+             for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return routed
+
+
+def test_plan_counts_each_tenants_routed_tokens(tenants):
+    """mod.plan(): per MoE layer, tenant and expert, the rows routed there in mixed batches
+    (the residual's own counts), the form and bytes held, as JSON."""
+    import json
+
+    model, adapters, root, path, art = tenants
+    mod = stageml.load(path, policy="factorized")
+    for name in adapters:
+        mod.load_adapter(name, str(root / name))
+    expected = {}
+    for rows in (["a", None, "b", "c"], ["b", "b", None]):
+        x = torch.randint(0, 128, (len(rows), int(torch.randint(1, 12, ()))))
+        mod.run_batch(x.numpy(), adapters=rows)
+        for name in set(rows) - {None}:
+            for layer, experts in enumerate(_routed(adapters[name], x)):
+                mine = experts[[i for i, n in enumerate(rows) if n == name]].flatten()
+                for e in mine.tolist():
+                    expected[layer, name, e] = expected.get((layer, name, e), 0) + 1
+    plan = json.loads(json.dumps(mod.plan()))
+    assert plan == mod.stats()["plan"] and plan["policy"] == "factorized"
+    assert [layer["layer"] for layer in plan["layers"]] == [0, 1]
+    for layer in plan["layers"]:  # each layer's routing serves its gate/up and down sites
+        assert layer["experts"] == 4 and len(layer["sites"]) == 2
+        assert all(f"layers.{layer['layer']}." in site for site in layer["sites"])
+    assert len(plan["pairs"]) == 2 * 3 * 4  # layers x tenants x experts
+    for pair in plan["pairs"]:
+        assert pair["tokens"] == expected.get((pair["layer"], pair["tenant"], pair["expert"]), 0), pair
+        assert pair["form"] == "factorized" and pair["bytes"] > 0 and pair["reason"] == "policy 'factorized'"
+    assert sum(p["tokens"] for p in plan["pairs"]) == sum(expected.values()) > 0
+
+
 def test_expert_lora_bad_adapters_change_nothing(tenants, tmp_path):
     model, adapters, root, path, art = tenants
     mod = stageml.load(path)

@@ -187,7 +187,7 @@ def _emit(stage, main, results, stages, symbol, result_facts) -> None:
 def _result_facts(stage, stages, main) -> list:
     """The facts of `stage`'s results (a later stage's view of what it returns)."""
     if stage.time == BindingTime.DYNAMIC:
-        return [{"name": f"output.{i}", **facts.facts(main, "res", i), "kind": facts.OUTPUT}
+        return [{"name": f"output.{i}", "kind": facts.OUTPUT, **facts.facts(main, "res", i)}
                 for i in range(len(list(main.regions[0].blocks[0].operations)[-1].operands))]
     later = [s for s in stages.values() if s.time > stage.time]
     entries = []
