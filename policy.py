@@ -18,6 +18,8 @@ import dataclasses
 
 from stageml.errors import StageMLError
 
+_ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
 
 @dataclasses.dataclass(frozen=True)
 class LoraSite:
@@ -98,3 +100,24 @@ def _reason(adapter: AdapterProfile, merged: bool, capacity: int) -> str:
     if adapter.merged_bytes > capacity:
         return f"its merged copy ({adapter.merged_bytes} bytes) exceeds the budget's room ({capacity} bytes)"
     return "the budget's room saves more FLOPs merging other adapters"
+
+
+def expert_layers(sites: list, routing: list, max_rank: int) -> list:
+    """Each MoE layer of a multi-tenant residual with its costs per (tenant, expert):
+
+        {"layer": i, "sites": [lora_A names], "experts": E,
+         "factorized_bytes": R·(in+out)·b summed over its sites (a tenant's factors of one expert),
+         "merged_bytes": in·out·b summed over its sites (a merged copy of one expert),
+         "lora_flops": 2·R·(in+out) summed over its sites (per routed row, factorized)}
+
+    `sites` are the manifest's LoRA sites, `routing` the sites of each routing result."""
+    layers = []
+    for index, names in enumerate(routing):
+        mine = [s for s in sites if s["lora_A"] in names]
+        layers.append({"layer": index, "sites": list(names), "experts": mine[0]["experts"],
+                       "factorized_bytes": sum(max_rank * (s["in_features"] + s["out_features"])
+                                               * _ELEMENT_BYTES[s["dtype"]] for s in mine),
+                       "merged_bytes": sum(s["in_features"] * s["out_features"] * _ELEMENT_BYTES[s["dtype"]]
+                                           for s in mine),
+                       "lora_flops": sum(2 * max_rank * (s["in_features"] + s["out_features"]) for s in mine)})
+    return layers

@@ -49,6 +49,23 @@ class Artifact:
         self.target = {"name": "cpu", "device": "local-task"}
         self.source = None
 
+    def plan(self, form: str = "json"):
+        """The serving plan a load starts from (the runtime's `mod.plan()` before any adapter
+        is loaded: policy "auto", no budget, no pairs): each MoE layer's sites and its costs per
+        (tenant, expert). JSON-ready data, or with `form="mlir"` verified plan-dialect text."""
+        from stageml.compiler.entry_points import routing_sites
+        from stageml.policy import expert_layers
+        if self.tenants is None:
+            raise OutputError("a plan is made for a multi-tenant residual: compile with max_adapters")
+        if form not in ("json", "mlir"):
+            raise OutputError(f"plan form {form!r} is unknown: pass 'json' or 'mlir'")
+        layers = expert_layers(self.tenants["sites"], routing_sites(self.entry_points), self.tenants["max_rank"])
+        plan = {"policy": "auto", "budget": None, "bytes_held": 0, "layers": layers, "pairs": []}
+        if form == "mlir":
+            from stageml.dialects.plan import plan_mlir
+            return plan_mlir(plan)
+        return plan
+
     def manifest(self, files: dict) -> dict:
         """The .json manifest: everything the runtime needs, derived from the IR, and
         `files` ({"module": ..., "parameters": ...}: each one's name, size and hash)."""

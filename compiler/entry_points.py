@@ -45,6 +45,13 @@ def entry_points(module_op) -> list:
     return [describe(f) for f in entry_points_of(module_op)]
 
 
+def routing_sites(described: list) -> list:
+    """The sites (lora_A names) of each MoE layer whose routing the factorized request-time
+    entry point returns (routing-counts), in its result order; [] without one."""
+    return [r["sites"] for e in described if e["stage"] == "dynamic" and e["program"] == facts.FACTORIZED
+            for r in e["results"] if r["kind"] == facts.ROUTING]
+
+
 def tenants(module_op) -> dict | None:
     """The multi-tenant configuration: {"max_adapters", "max_rank", "sites"}, or None."""
     configured = facts.get(module_op, facts.TENANTS)

@@ -10,6 +10,7 @@ from torch_mlir.dialects import torch as torch_d
 
 from stageml.binding_time import BindingTime
 from stageml.dialects import load_bt_dialect
+from stageml.dialects.plan import load_plan_dialect
 
 TIME = "bt.time"
 NAME = "bt.name"
@@ -21,10 +22,11 @@ DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float6
 
 
 def new_context() -> ir.Context:
-    """A context with the torch and bt dialects loaded."""
+    """A context with the torch, bt and plan dialects loaded."""
     context = ir.Context()
     torch_d.register_dialect(context)
     load_bt_dialect(context)
+    load_plan_dialect(context)
     return context
 
 

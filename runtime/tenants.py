@@ -31,9 +31,10 @@ import threading
 import numpy as np
 from iree import runtime as iree_rt
 
+from stageml.compiler.entry_points import routing_sites
 from stageml.compiler.facts import FACTORIZED, IDS, MAIN, ROUTING
 from stageml.errors import AdapterError, InputError
-from stageml.policy import AdapterProfile, LoraSite, plan
+from stageml.policy import AdapterProfile, LoraSite, expert_layers, plan
 from stageml.runtime import peft_adapter
 from stageml.runtime.module import ResidualModule, numpy_dtype
 
@@ -96,8 +97,7 @@ class TenantModule(ResidualModule):
         sites = tuple(LoraSite(s["in_features"], s["out_features"], numpy_dtype(s["dtype"]).itemsize,
                                max(s.get("experts", 0), 1)) for s in self._sites)
         self._profile = AdapterProfile("", self._max_rank, sites)
-        factorized = self.entry("dynamic", FACTORIZED)["results"]
-        self._routing = [r["sites"] for r in factorized if r["kind"] == ROUTING]  # per MoE layer: its sites
+        self._layers = expert_layers(self._sites, routing_sites([self.entry("dynamic", FACTORIZED)]), self._max_rank)
         self._routed = []  # (slot -> adapter name, the routing results) of calls not yet counted
 
     # -- adapters -------------------------------------------------------------
@@ -244,11 +244,13 @@ class TenantModule(ResidualModule):
                     "policy": self._policy, "slots": self.tenants["max_adapters"],
                     "slots_free": len(self._free), "plan": self.plan()}
 
-    def plan(self) -> dict:
-        """The current plan per MoE layer, tenant and expert, as JSON-ready data:
+    def plan(self, form: str = "json"):
+        """The current plan per MoE layer, tenant and expert: JSON-ready data, or with
+        `form="mlir"` the same as verified MLIR text (the plan dialect, dialects/plan.py):
 
             {"policy": "auto", "budget": ..., "bytes_held": ...,
-             "layers": [{"layer": 0, "sites": [lora_A names], "experts": E}],
+             "layers": [{"layer": 0, "sites": [lora_A names], "experts": E, "factorized_bytes": ...,
+                         "merged_bytes": ..., "lora_flops": ...}],     // per tenant and expert
              "pairs": [{"layer": 0, "tenant": "a", "expert": 3, "form": "factorized",
                         "bytes": ..., "tokens": 17, "reason": "..."}]}
 
@@ -256,26 +258,28 @@ class TenantModule(ResidualModule):
         adapter was loaded. A pair's form is its tenant's (the policy decides per
         tenant; a pair of its own, a "virtual expert", is not served yet) and its
         `bytes` are what the tenant holds for that expert on the layer's sites."""
+        if form not in ("json", "mlir"):
+            raise InputError(f"plan form {form!r} is unknown: pass 'json' or 'mlir'")
         with self._lock:
             self._count_routing()
-            layers, pairs = [], []
-            for index, names in enumerate(self._routing):
-                sites = [s for s in self._sites if s["lora_A"] in names]
-                experts = sites[0]["experts"]
-                layers.append({"layer": index, "sites": names, "experts": experts})
-                factors = sum(self._max_rank * (s["in_features"] + s["out_features"])
-                              * numpy_dtype(s["dtype"]).itemsize for s in sites)
-                merged = sum(s["in_features"] * s["out_features"] * numpy_dtype(s["dtype"]).itemsize for s in sites)
+            pairs = []
+            for layer in self._layers:
                 for name, adapter in sorted(self._adapters.items()):
-                    form = self._form(adapter)
-                    held = 0 if form == "evicted" else factors + (merged if form == "merged" else 0)
-                    routed = adapter.routed.get(index, np.zeros(experts, np.int64))
-                    reason = ("evicted (least recently used): reloaded when next used" if form == "evicted"
+                    state = self._form(adapter)
+                    held = 0 if state == "evicted" else layer["factorized_bytes"] + (
+                        layer["merged_bytes"] if state == "merged" else 0)
+                    routed = adapter.routed.get(layer["layer"], np.zeros(layer["experts"], np.int64))
+                    reason = ("evicted (least recently used): reloaded when next used" if state == "evicted"
                               else adapter.reason)
-                    pairs.extend({"layer": index, "tenant": name, "expert": e, "form": form, "bytes": held,
-                                  "tokens": int(routed[e]), "reason": reason} for e in range(experts))
-            return {"policy": self._policy, "budget": self._budget, "bytes_held": self._bytes_held(),
-                    "layers": layers, "pairs": pairs}
+                    pairs.extend({"layer": layer["layer"], "tenant": name, "expert": e, "form": state,
+                                  "bytes": held, "tokens": int(routed[e]), "reason": reason}
+                                 for e in range(layer["experts"]))
+            found = {"policy": self._policy, "budget": self._budget, "bytes_held": self._bytes_held(),
+                     "layers": [dict(layer) for layer in self._layers], "pairs": pairs}
+        if form == "mlir":
+            from stageml.dialects.plan import plan_mlir
+            return plan_mlir(found)
+        return found
 
     def _count_routing(self) -> None:
         """Adds the routing counts of the calls since the last count to their adapters."""
@@ -364,7 +368,7 @@ class TenantModule(ResidualModule):
                     batch.ids = iree_rt.asdevicearray(self._config.device, batch.slots)
                 values[IDS] = batch.ids
                 results = self._call(self.entry("dynamic", FACTORIZED), values)
-                if self._routing:
+                if self._layers:
                     results = self._routing_split(results, batch)
             self._calls += 1
             if self._calls % self._replan_every == 0:

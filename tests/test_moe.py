@@ -7,7 +7,7 @@ import transformers
 from torch.export import Dim
 
 import stageml
-from models import rel_err
+from models import CausalLM, rel_err
 from stageml.errors import AdapterError
 
 _COMMON = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -296,6 +296,41 @@ def test_plan_counts_each_tenants_routed_tokens(tenants):
         assert pair["tokens"] == expected.get((pair["layer"], pair["tenant"], pair["expert"]), 0), pair
         assert pair["form"] == "factorized" and pair["bytes"] > 0 and pair["reason"] == "policy 'factorized'"
     assert sum(p["tokens"] for p in plan["pairs"]) == sum(expected.values()) > 0
+    from stageml.dialects.plan import read_plan
+    assert read_plan(mod.plan("mlir")) == plan  # the same plan as verified plan-dialect MLIR
+
+
+def test_stagemlc_emits_the_plan_a_load_starts_from(tmp_path):
+    """`stagemlc ... --max-adapters N --emit-plan plan.mlir`: the MoE layers with their costs
+    per (tenant, expert), as the loaded module's plan() starts; bad plan paths refused. (From a
+    dumped stage: torch 2.13 cannot load a .pt2 of PEFT's expert wrapper, whose autocast region
+    it saves without the metadata it then requires.)"""
+    import subprocess
+    import sys
+
+    from peft import LoraConfig, get_peft_model
+    from stageml.dialects.plan import read_plan
+
+    _seeded()
+    model = get_peft_model(transformers.AutoModelForCausalLM.from_config(FAMILIES["mixtral"]()),
+                           LoraConfig(r=2, target_parameters=EXPERTS)).eval()
+    stageml.compile(model, (torch.randint(0, 128, (2, 7)),), max_adapters=2, max_rank=4, emit="bt",
+                          dump_dir=str(tmp_path / "stages"),
+                          dynamic_shapes=({0: Dim("batch", max=8), 1: Dim("seq", max=32)},))
+    stagemlc = [sys.executable, "-m", "stageml.tools.stagemlc", str(tmp_path / "stages" / "model.bt.mlir"), "-o",
+                str(tmp_path / "r.vmfb"), "-q"]
+    for extra, message in ((["--emit-plan", "p.json"], "add --max-adapters N"),
+                           (["--max-adapters", "2", "--emit-plan", "p.txt"], "end it in .json or .mlir")):
+        refused = subprocess.run(stagemlc + extra, capture_output=True, text=True)
+        assert refused.returncode == 1 and message in refused.stderr and "Traceback" not in refused.stderr
+    result = subprocess.run(stagemlc + ["--max-adapters", "2", "--max-rank", "4", "--emit-plan",
+                                        str(tmp_path / "plan.mlir")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    plan = read_plan((tmp_path / "plan.mlir").read_text())
+    assert [len(layer["sites"]) for layer in plan["layers"]] == [2, 2] and plan["pairs"] == []
+    gate_up, down = 2 * 96 * 64 * 4, 64 * 96 * 4  # a merged copy of one expert's stacks (f32)
+    assert all(layer["merged_bytes"] == gate_up + down for layer in plan["layers"])
+    assert plan == stageml.load(str(tmp_path / "r.vmfb")).plan()
 
 
 def test_expert_lora_bad_adapters_change_nothing(tenants, tmp_path):

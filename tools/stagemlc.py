@@ -3,8 +3,8 @@
     stagemlc model.pt2 -o out/residual.vmfb
     stagemlc out/dump/model.split.mlir -o out/residual.vmfb    # start at a dumped stage
              [--stage GLOB=TIME]... [--emit STAGE] [--dump-stages DIR] [--target cpu|cuda|sm90]
-             [--cpu NAME] [--no-custom-kernels] [--no-lora-merge] [--max-adapters N [--max-rank R]]
-             [--trust-model] [-q]
+             [--cpu NAME] [--no-custom-kernels] [--no-lora-merge] [--max-adapters N [--max-rank R]
+             [--emit-plan plan.json|plan.mlir]] [--trust-model] [-q]
 
 Exit status: 0 success; 1 a problem with the input (model file, stage spec,
 options, output path): one line `stagemlc: error: ...` naming it and the fix;
@@ -14,6 +14,7 @@ environment prints its traceback.
 """
 
 import argparse
+import json
 import os
 import sys
 import traceback
@@ -52,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="compile for multi-tenant serving: N adapter slots (needs a PEFT LoRA model)")
     parser.add_argument("--max-rank", type=int, metavar="R",
                         help="with --max-adapters: the highest LoRA rank an adapter may have (default 16)")
+    parser.add_argument("--emit-plan", metavar="FILE",
+                        help="with --max-adapters: also write the serving plan's MoE layers and their costs per "
+                             "(tenant, expert), as JSON (.json) or plan-dialect MLIR (.mlir)")
     parser.add_argument("--trust-model", action="store_true",
                         help="load a .pt2 even if that needs an unrestricted unpickle (it can run any code in the "
                              "file); only for files you trust")
@@ -69,11 +73,12 @@ def _same_file(a: str, b: str) -> bool:
 
 
 def _outputs(args) -> list:
-    """The files the compile will write: -o, and for a .vmfb its .irpa and .json."""
+    """The files the compile will write: -o, for a .vmfb its .irpa and .json, and the plan."""
+    plan = [] if args.emit_plan is None else [args.emit_plan]
     if args.emit != "vmfb":
-        return [args.output]
+        return [args.output] + plan
     from stageml.runtime.manifest import artifact_files
-    return list(artifact_files(args.output).values())
+    return list(artifact_files(args.output).values()) + plan
 
 
 def _file_in_the_way(directory: str):
@@ -96,6 +101,13 @@ def _check_outputs(args) -> None:
                               "choose another -o")
         if os.path.isdir(path):
             raise OutputError(f"output {path!r} is a directory: pass a file path as -o")
+    if args.emit_plan is not None:
+        if args.max_adapters is None:
+            raise OutputError("--emit-plan writes a multi-tenant residual's plan: add --max-adapters N")
+        if os.path.splitext(args.emit_plan)[1] not in (".json", ".mlir"):
+            raise OutputError(f"--emit-plan {args.emit_plan!r} names no plan form: end it in .json or .mlir")
+        if len(set(map(os.path.abspath, _outputs(args)))) < len(_outputs(args)):
+            raise OutputError(f"--emit-plan {args.emit_plan!r} is one of the residual's own files: choose another")
     blocked = _file_in_the_way(os.path.dirname(os.path.abspath(args.output)))
     if blocked is not None:
         raise OutputError(f"output {args.output!r} cannot be written: {blocked!r} is a file, not a directory; "
@@ -123,9 +135,15 @@ def _write(args, art) -> str:
     returns the path of the main file."""
     from stageml.files import write_file
     if args.emit == "vmfb":
-        return art.save(args.output)
-    write_file(args.output, art.mlir[args.emit])
-    return args.output
+        path = art.save(args.output)
+    else:
+        write_file(args.output, art.mlir[args.emit])
+        path = args.output
+    if args.emit_plan is not None:
+        form = os.path.splitext(args.emit_plan)[1][1:]
+        plan = art.plan(form)
+        write_file(args.emit_plan, plan if form == "mlir" else json.dumps(plan, indent=2) + "\n")
+    return path
 
 
 def _one_line(text: str) -> str:
