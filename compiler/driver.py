@@ -60,8 +60,8 @@ def bt_pipeline(options: CompileOptions, stages: dict) -> list:
             *([("bt-gather", None), ("routing-counts", None), ("bt-verify", None)] if tenants else [])]
 
 
-SPLIT_PIPELINE = [("bt-split", None), ("index-bounds", None), ("flatten-matmul", None), ("collapse-views", None),
-                  ("decompose-topk", None)]
+SPLIT_PIPELINE = [("bt-split", None), ("group-experts", None), ("index-bounds", None), ("flatten-matmul", None),
+                  ("collapse-views", None), ("decompose-topk", None)]
 # After partial evaluation: parameters first (they remove @static), then the
 # resident tables, then the products that read them.
 RESIDUAL_PIPELINE = [("use-parameters", None), ("resident-state", None), ("fuse-gathers", None)]

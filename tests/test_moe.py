@@ -53,8 +53,10 @@ def test_moe_family_matches_transformers(family, tmp_path):
     assert art.report.rewrites["stacks"] == products * (2 if biased else 1)  # stacks gathered by routed ids...
     assert art.report.rewrites["fuse-gathers"] == products  # ...and read in place, never copied per row
     mod = art.load(str(tmp_path / f"{family}.vmfb"))
-    # one token (most experts get none), a ragged pair, and a longer batch
-    for shape in [(1, 1), (2, 7), (3, 16)]:
+    assert art.report.rewrites["group-experts"] == products  # long batches: in blocks of rows of one expert
+    # one token (most experts get none), a ragged pair, a longer batch, and batches long
+    # enough for blocks (at least 128 routed rows)
+    for shape in [(1, 1), (2, 7), (3, 16), (8, 32), (5, 27)]:
         x = torch.randint(0, 128, shape)
         with torch.no_grad():
             expected = model(x).logits.numpy()
@@ -115,7 +117,7 @@ def test_peft_expert_lora_merges_at_adapter_load(family, tmp_path):
     art = stageml.compile(peft_model, (ids,), dynamic_shapes=({0: Dim("batch", max=8), 1: Dim("seq", max=32)},))
     assert art.report.lifted["adapter->dynamic"] > 0 and art.report.rewrites["stacks"] >= 4
     mod = art.load(str(tmp_path / "peft.vmfb"))
-    for shape in [(1, 1), (3, 9)]:
+    for shape in [(1, 1), (3, 9), (8, 20)]:  # the last in blocks (320 routed rows)
         x = torch.randint(0, 128, shape)
         with torch.no_grad():
             expected = peft_model(x).logits.numpy()
@@ -238,7 +240,7 @@ def test_expert_lora_tenants_in_one_batch(tenants, policy):
         for _ in range(8):
             mod(torch.randint(0, 128, (1, 3)), adapter="c")
     rows = ["a", None, "b", "c", "a", "b"]
-    x = torch.randint(0, 128, (len(rows), 9))
+    x = torch.randint(0, 128, (len(rows), 12))  # 144 routed rows: the base expert products in blocks
     ys = mod.run_batch(x.numpy(), adapters=rows)
     with torch.no_grad():
         expected = {name: adapters[name](x).logits.numpy() for name in adapters}
