@@ -128,6 +128,30 @@ def test_peft_expert_lora_merges_at_adapter_load(family, tmp_path):
 
 
 
+def test_router_lora_merges_at_adapter_load(tmp_path):
+    """LoRA on the router (`target_parameters=["mlp.gate.weight"]`) is adapter-time: merged into
+    the router's weight at adapter load, so the adapter changes which experts tokens go to."""
+    from peft import LoraConfig, get_peft_model
+
+    _seeded()
+    model = transformers.AutoModelForCausalLM.from_config(FAMILIES["mixtral"]()).eval()
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_parameters=["mlp.gate.weight"])).eval()
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    art = stageml.compile(peft_model, (torch.randint(0, 128, (2, 7)),),
+                          dynamic_shapes=({0: Dim("batch", max=8), 1: Dim("seq", max=32)},))
+    assert art.report.lifted["adapter->dynamic"] == 2  # one merged router weight per layer
+    mod = art.load(str(tmp_path / "router.vmfb"))
+    x = torch.randint(0, 128, (3, 9))
+    with torch.no_grad():
+        expected = peft_model(x).logits
+        with peft_model.disable_adapter():
+            assert rel_err(peft_model(x).logits, expected) > 1e-2  # the routing changed
+    assert rel_err(mod(x.numpy()), expected.numpy()) <= 1e-4
+
+
 @pytest.mark.parametrize("dtype, bound", [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
 def test_half_precision_expert_lora(dtype, bound, tmp_path):
     """A half-precision Mixtral with LoRA on its experts and attention, against the same
