@@ -126,6 +126,7 @@ class TenantModule(ResidualModule):
             self._check_budget(name)
             adapter = _Adapter(source, config, inputs)
             self._make_resident(adapter, busy={name})
+            self._count_routing()  # calls so far routed the replaced adapter's rows, not this one's
             old = self._adapters.pop(name, None)
             if old is not None:
                 self._evict(old)
@@ -150,6 +151,7 @@ class TenantModule(ResidualModule):
         """Forgets adapter `name`; its slot is reused."""
         with self._lock:
             self._evict(self._known(name))
+            self._count_routing()  # (so that a later adapter of this name starts from zero)
             del self._adapters[name]
 
     def _known(self, name) -> _Adapter:

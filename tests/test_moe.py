@@ -324,6 +324,13 @@ def test_plan_counts_each_tenants_routed_tokens(tenants):
     assert sum(p["tokens"] for p in plan["pairs"]) == sum(expected.values()) > 0
     from stageml.dialects.plan import read_plan
     assert read_plan(mod.plan("mlir")) == plan  # the same plan as verified plan-dialect MLIR
+    mod.run_batch(torch.randint(0, 128, (2, 5)).numpy(), adapters=["a", "b"])
+    mod.load_adapter("a", str(root / "a"))  # another adapter under the name: its rows start at zero
+    tokens = {}
+    for pair in mod.plan()["pairs"]:
+        tokens[pair["tenant"]] = tokens.get(pair["tenant"], 0) + pair["tokens"]
+    before = sum(n for (_, tenant, _), n in expected.items() if tenant == "b")
+    assert tokens["a"] == 0 and tokens["b"] == before + 5 * 2 * 2  # 5 tokens, top-2, 2 layers
 
 
 def test_stagemlc_emits_the_plan_a_load_starts_from(tmp_path):
