@@ -353,7 +353,8 @@ def test_stagemlc_emits_the_plan_a_load_starts_from(tmp_path):
     stagemlc = [sys.executable, "-m", "stageml.tools.stagemlc", str(tmp_path / "stages" / "model.bt.mlir"), "-o",
                 str(tmp_path / "r.vmfb"), "-q"]
     for extra, message in ((["--emit-plan", "p.json"], "add --max-adapters N"),
-                           (["--max-adapters", "2", "--emit-plan", "p.txt"], "end it in .json or .mlir")):
+                           (["--max-adapters", "2", "--emit-plan", "p.txt"], "end it in .json or .mlir"),
+                           (["--max-adapters", "2", "--emit", "linalg", "--emit-plan", "p.json"], "drop --emit")):
         refused = subprocess.run(stagemlc + extra, capture_output=True, text=True)
         assert refused.returncode == 1 and message in refused.stderr and "Traceback" not in refused.stderr
     result = subprocess.run(stagemlc + ["--max-adapters", "2", "--max-rank", "4", "--emit-plan",

@@ -104,6 +104,9 @@ def _check_outputs(args) -> None:
     if args.emit_plan is not None:
         if args.max_adapters is None:
             raise OutputError("--emit-plan writes a multi-tenant residual's plan: add --max-adapters N")
+        if args.emit != "vmfb":
+            raise OutputError(f"--emit-plan reads the compiled residual, which --emit {args.emit} stops before: "
+                              "drop --emit or --emit-plan")
         if os.path.splitext(args.emit_plan)[1] not in (".json", ".mlir"):
             raise OutputError(f"--emit-plan {args.emit_plan!r} names no plan form: end it in .json or .mlir")
         if len(set(map(os.path.abspath, _outputs(args)))) < len(_outputs(args)):
