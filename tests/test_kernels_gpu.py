@@ -71,7 +71,9 @@ LORA = ([(M, K, N, kc.RANK, ()) for M, K, N in TIMED] + [(M, K, N, R, ()) for M,
 # (B, K, N)
 BGMV = [(1, 4096, 16), (32, 4096, 16), (32, 16, 4096), (7, 40, 72), (3, 8, 8),
         (2, 4096, 8), (3, 1000, 16), (1, 520, 48),  # the vector path (N <= 16 strips, K >= 512), ragged K, mixed strips
-        (70, 4096, 16), (257, 1000, 16), (13, 40, 72)]  # more rows
+        (70, 4096, 16), (257, 1000, 16), (13, 40, 72),  # more rows
+        (128, 4096, 16), (129, 4096, 16), (256, 4096, 16), (256, 4096, 32), (300, 1024, 48), (200, 4096, 24),
+        (133, 128, 8), (140, 4096, 16, ("x",))]  # 16-row tiles: by mma (K % 128 == 0, x 4-byte aligned), else by row
 
 
 def _id(case) -> str:
@@ -173,16 +175,20 @@ def test_lora(kernels, dtype, M, K, N, R, misaligned):
 
 
 @pytest.mark.parametrize("dtype", kc.DTYPES)
-@pytest.mark.parametrize("B,K,N", BGMV, ids=map(_id, BGMV))
-@pytest.mark.parametrize("order", ["random", "segments"])
-def test_bgmv(kernels, dtype, B, K, N, order, slots=5):
+@pytest.mark.parametrize("case", BGMV, ids=map(_id, BGMV))
+@pytest.mark.parametrize("order", ["random", "segments", "round-robin"])
+def test_bgmv(kernels, dtype, case, order, slots=20):
     """Rows of one token, each against its own slot's [K, N] factor; the slots in random
-    order, or in contiguous segments (a prompt's rows)."""
-    x = kc.tensor((B, K), dtype, 1.0)
+    order, in contiguous segments (a prompt's rows), or row i by slot i mod 20 (every
+    16-row tile has 16 distinct slots)."""
+    B, K, N, misaligned = case if len(case) == 4 else (*case, ())
+    x = kc.tensor((B, K), dtype, 1.0, "x" in misaligned)
     table = kc.tensor((slots, K, N), dtype, K ** -0.5)
     ids = torch.randint(0, slots, (B,), device="cuda")
     if order == "segments":
         ids = ids.sort().values
+    elif order == "round-robin":
+        ids = torch.arange(B, device="cuda") % slots
     y = torch.full((max(B, 1), N), float("nan"), device="cuda")
     kernels.bgmv(dtype, x, ids, table, y, B, K, N)
     torch.cuda.synchronize()

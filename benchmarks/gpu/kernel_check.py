@@ -40,6 +40,7 @@ STRIP, TILE_W = 8, 64  # w's tile layout [N/64][K/64][8][64][8]: 64x64 tiles of 
 WG_COLS, WG_PAIR, WG_SPLIT_MAX_M, WG_SMEM = 64, 2, 128, 197632  # stageml_gemm_wgmma's grid and shared memory
 WG_THREADS = (288, 1, 1)  # stageml_gemm_wgmma's block: 2 warpgroups and a producer warp
 BGMV_SPLIT = 8  # stageml_bgmv's k-chunks: its cluster along z
+BGMV_TILED_FROM, BGMV_TILE = 128, 16  # past 128 rows, stageml_bgmv's blocks take 16 rows each
 THREADS = (256, 1, 1)
 SCALE = 0.5
 RANK = 16  # timed LoRA rank
@@ -91,8 +92,9 @@ class Kernels:
         self._launch(f"stageml_lora_{dtype}", (x, w, a, b, y), M, N, [M, K, N, R, bits])
 
     def bgmv(self, dtype: str, x, ids, table, y, B: int, K: int, N: int) -> None:
+        rows = math.ceil(B / BGMV_TILE) if B > BGMV_TILED_FROM else max(B, 1)
         self._launch(f"stageml_bgmv_{dtype}", (x, ids, table, y), B, N, [B, K, N],
-                     ((N + STREAM_COLS - 1) // STREAM_COLS, max(B, 1), BGMV_SPLIT))
+                     ((N + STREAM_COLS - 1) // STREAM_COLS, rows, BGMV_SPLIT))
 
     def _launch(self, name: str, buffers, M: int, N: int, constants: list, blocks=None, smem: int = 0,
                 threads: tuple = THREADS) -> None:
@@ -174,6 +176,46 @@ def timings(kernels: Kernels, dtype: str, calls: int) -> list:
     return rows
 
 
+BGMV_TIMED = (1, 32, 128, 129, 256, 512)  # rows of the timed shrink
+SHRINK_SLOTS = 33  # 32 tenants and the base model
+
+
+def shrink_ids(B: int, order: str) -> torch.Tensor:
+    """Slots of B rows: "prefill", 4 tenants of B/4 contiguous rows; "decode", row i by tenant i mod 32."""
+    if order == "prefill":
+        return 1 + torch.arange(B, device="cuda") * 4 // max(B, 1)
+    return 1 + torch.arange(B, device="cuda") % (SHRINK_SLOTS - 1)
+
+
+def shrink_timings(kernels: Kernels, dtype: str, calls: int) -> list:
+    """A LoRA shrink, x [B, 4096] @ A[slot] [4096, RANK] (f32 out), by stageml_bgmv and by torch
+    (the rows' factors gathered, then bmm), for both slot orders."""
+    K = TIMED_KN
+    tables = [tensor((SHRINK_SLOTS, K, RANK), dtype, K ** -0.5) for _ in range(COPIES)]
+    rows = []
+    for B in BGMV_TIMED:
+        for order in ("decode", "prefill"):
+            x, ids = tensor((B, K), dtype, 1.0), shrink_ids(B, order)
+            y = torch.empty(B, RANK, device="cuda")
+            ours = device_us(lambda i: kernels.bgmv(dtype, x, ids, tables[i % COPIES], y, B, K, RANK), calls)
+            eager = device_us(lambda i: torch.bmm(x[:, None], tables[i % COPIES][ids])[:, 0].float(), calls)
+            distinct = len(set(ids.tolist()))
+            floor = ((B * K + distinct * K * RANK) * 2 + B * RANK * 4) / HBM_BYTES_PER_S * 1e6
+            rows.append((dtype, B, order, ours, eager, floor))
+            print(f"timed shrink {dtype} B={B} {order}: bgmv {ours:.1f} µs (gather + bmm {eager:.1f})", flush=True)
+    return rows
+
+
+def shrink_table(rows: list) -> str:
+    lines = [f"LoRA shrink alone (stageml_bgmv, K = {TIMED_KN}, rank {RANK}, {SHRINK_SLOTS} slots; decode: row i by "
+             "tenant i mod 32; prefill: 4 tenants of contiguous rows); torch: the rows' factors gathered, then bmm.",
+             "", "| dtype | rows | order | stageml µs | torch µs | stageml / torch | HBM floor µs |",
+             "|---|---:|---|---:|---:|---:|---:|"]
+    lines += [f"| {dtype} | {B} | {order} | {ours:.1f} | {eager:.1f} | {ours / eager:.2f} | {floor:.1f} |"
+              for dtype, B, order, ours, eager, floor in rows]
+    return "\n".join(lines)
+
+
 def table(rows: list) -> str:
     lines = ["| kernel | dtype | M | stageml µs | torch µs | stageml / torch | HBM floor µs | stageml / floor "
              "| lora / gemm |",
@@ -196,15 +238,17 @@ def main() -> None:
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, cupy {cupy.__version__}, seed {seed}",
           flush=True)
     kernels = Kernels(args.ptx)
-    rows = []
+    rows, shrinks = [], []
     for dtype in DTYPES:
         rows += timings(kernels, dtype, 50 if args.quick else 100)
+        shrinks += shrink_timings(kernels, dtype, 50 if args.quick else 100)
         torch.cuda.empty_cache()
+    text = table(rows) + "\n\n" + shrink_table(shrinks)
     print()
-    print(table(rows))
+    print(text)
     if args.report:
         with open(args.report, "w") as f:
-            f.write(table(rows) + "\n")
+            f.write(text + "\n")
 
 
 if __name__ == "__main__":

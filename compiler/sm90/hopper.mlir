@@ -23,7 +23,8 @@
 // else (2 ceil(N/128), 1, ceil(M/rows)), rows 128 (256 past 256 rows), a
 // cluster two column tiles of 64 that share x. Each block has 197632 bytes of
 // dynamic shared memory, which IREE's CUDA runtime sets and launches with
-// (`workgroup_local_memory`); for BGMV, one per 32 columns of each row.
+// (`workgroup_local_memory`); for BGMV, clusters of 8 along z (the k-chunks), one
+// per 32 columns of each row, or of each 16 rows past 128 rows.
 #sm90 = #hal.executable.target<"cuda", "cuda-nvptx-fb", {
   iree_codegen.target_info = #iree_gpu.target<arch = "sm_90", features = "+ptx80",
     wgp = <compute = fp64|fp32|fp16|int64|int32|int16|int8, storage = b64|b32|b16|b8,
@@ -121,8 +122,13 @@ module attributes {hal.device.targets = [#hal.device.target<"cuda", [#sm90]> : !
       %c1 = arith.constant 1 : index
       %cols = arith.constant 32 : index
       %split = arith.constant 8 : index
+      %tiled_from = arith.constant 128 : index
+      %tile = arith.constant 16 : index
       %x = arith.ceildivui %n, %cols : index
-      %y = arith.maxui %b, %c1 : index
+      %one_each = arith.maxui %b, %c1 : index
+      %tiles = arith.ceildivui %b, %tile : index
+      %tiled = arith.cmpi ugt, %b, %tiled_from : index
+      %y = arith.select %tiled, %tiles, %one_each : index
       hal.return %x, %y, %split : index, index, index
     } <workgroup_size = [256 : index, 1 : index, 1 : index]>
 
@@ -131,8 +137,13 @@ module attributes {hal.device.targets = [#hal.device.target<"cuda", [#sm90]> : !
       %c1 = arith.constant 1 : index
       %cols = arith.constant 32 : index
       %split = arith.constant 8 : index
+      %tiled_from = arith.constant 128 : index
+      %tile = arith.constant 16 : index
       %x = arith.ceildivui %n, %cols : index
-      %y = arith.maxui %b, %c1 : index
+      %one_each = arith.maxui %b, %c1 : index
+      %tiles = arith.ceildivui %b, %tile : index
+      %tiled = arith.cmpi ugt, %b, %tiled_from : index
+      %y = arith.select %tiled, %tiles, %one_each : index
       hal.return %x, %y, %split : index, index, index
     } <workgroup_size = [256 : index, 1 : index, 1 : index]>
 

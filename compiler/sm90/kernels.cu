@@ -18,7 +18,8 @@
 //     y[b,n] = sum_k f32(x[b,k]) * f32(table[ids[b],k,n]) in f32, not rounded.
 //     x is [B,K] (one token per row), table dense [S][K][N] (no strips),
 //     ids int64 slot numbers, which the kernel trusts: 0 <= ids[b] < S is the
-//     caller's. Any K and N. Grid (ceil(N / 32), max(B, 1), 1).
+//     caller's. Any K and N. Grid (ceil(N / 32), max(B, 1), 8), clusters of (1, 1, 8);
+//     past 128 rows (ceil(N / 32), ceil(B / 16), 8), 16 rows a block.
 //
 //   stageml_gemm_wgmma_T(const T* x, const T* w, T* y, int M, int K, int N)
 //     the GEMM's semantics, by wgmma and TMA for any M (below).
@@ -668,6 +669,17 @@ __device__ __forceinline__ void run(const T* x, const T* w, const T* a, const T*
     tile_path<T, LORA>(x, w, a, b, y, M, K, N, R, scale, smem);
 }
 
+constexpr int kBgmvSplit = 8;       // blocks per cluster (k-chunks)
+constexpr int kBgmvTiledFrom = 128;  // more rows than this: kBgmvTile rows per block
+constexpr int kBgmvTile = 16;
+__device__ __forceinline__ int bgmv_tile_rows(int B) { return B > kBgmvTiledFrom ? kBgmvTile : 1; }
+
+// Two elements as one 32-bit mma operand register, `lo` in the low half.
+template <typename T> __device__ __forceinline__ uint32_t pack2(T lo, T hi) {
+  return static_cast<uint32_t>(reinterpret_cast<const uint16_t&>(lo)) |
+         static_cast<uint32_t>(reinterpret_cast<const uint16_t&>(hi)) << 16;
+}
+
 // One row's strip of `width` <= 32 columns over K k-rows, into out[0 .. width) (shared):
 // 32 columns x 8 k-lanes, the k-lanes summed in shared memory.
 template <typename T>
@@ -742,33 +754,122 @@ __device__ __forceinline__ void bgmv_vector(const T* xb, const T* t, float* out,
   }
 }
 
+// The tiled shrink: `rows` <= 16 rows of x (x0, row-major with stride K) over one k-chunk of kn
+// (a multiple of 16; x0 and K such that every row is 4-byte aligned), each row by its own slot's table (t0: table at the
+// chunk's first k-row and the strip's first column; slot s at t0 + s*K*N), into out[row][col]
+// (shared, width <= 32 columns). The rows' distinct slots are passes; every (pass, k16 step) is one
+// mma.m16n8k16 of the 16 rows, those of other slots zeroed, by 4 column tiles of 8 (those within
+// the width): the 8 warps take the items in turn and their partial tiles are summed in a fixed
+// order. A slot's table is read once for all its rows of the tile (the per-row path reads it per row).
+template <typename T>
+__device__ __forceinline__ void bgmv_mma(const T* x0, const int64_t* ids, const T* t0, float (*out)[32], int rows,
+                                         int K, int N, int width, int kn) {
+  __shared__ float part[kThreads / 32][kBgmvTile][kLd];
+  __shared__ int64_t row_slot[kBgmvTile], pass_slot[kBgmvTile];
+  __shared__ uint32_t pass_rows[kBgmvTile];
+  __shared__ int passes;
+  if (threadIdx.x < rows) row_slot[threadIdx.x] = ids[threadIdx.x];
+  __syncthreads();
+  if (threadIdx.x == 0) {  // the distinct slots, in order of their first row, and each one's rows
+    uint32_t seen = 0;
+    int p = 0;
+    for (int r = 0; r < rows; ++r) {
+      if (seen >> r & 1u) continue;
+      uint32_t mask = 0;
+      for (int q = r; q < rows; ++q) mask |= static_cast<uint32_t>(row_slot[q] == row_slot[r]) << q;
+      seen |= mask;
+      pass_slot[p] = row_slot[r];
+      pass_rows[p++] = mask;
+    }
+    passes = p;
+  }
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const int steps = kn / 16, items = passes * steps;
+  const T* x_lo = x0 + static_cast<size_t>(g) * K + 2 * q;  // the fragment's rows g and g + 8
+  const T* x_hi = x_lo + static_cast<size_t>(8) * K;
+  float d[4][4] = {};
+#pragma unroll 4  // a prefill tile's 32 steps are 4 a warp: all their loads in flight
+  for (int i = warp; i < items; i += kThreads / 32) {
+    const int p = i / steps, k = (i - p * steps) * 16;
+    const uint32_t mask = pass_rows[p];
+    const bool lo = mask >> g & 1u, hi = mask >> (g + 8) & 1u;
+    uint32_t a[4];
+    a[0] = lo ? *reinterpret_cast<const uint32_t*>(x_lo + k) : 0u;
+    a[1] = hi ? *reinterpret_cast<const uint32_t*>(x_hi + k) : 0u;
+    a[2] = lo ? *reinterpret_cast<const uint32_t*>(x_lo + k + 8) : 0u;
+    a[3] = hi ? *reinterpret_cast<const uint32_t*>(x_hi + k + 8) : 0u;
+    const T* tk = t0 + (static_cast<size_t>(pass_slot[p]) * K + k + 2 * q) * N + g;  // rows k + 2q (+1, +8, +9)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (8 * j >= width) break;
+      uint32_t b0 = 0u, b1 = 0u;
+      if (8 * j + g < width) {
+        const T* c = tk + 8 * j;
+        b0 = pack2(c[0], c[N]);
+        b1 = pack2(c[static_cast<size_t>(8) * N], c[static_cast<size_t>(9) * N]);
+      }
+      mma<T>(d[j], a, b0, b1);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    part[warp][g][8 * j + 2 * q] = d[j][0];
+    part[warp][g][8 * j + 2 * q + 1] = d[j][1];
+    part[warp][g + 8][8 * j + 2 * q] = d[j][2];
+    part[warp][g + 8][8 * j + 2 * q + 1] = d[j][3];
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < kBgmvTile * 32; e += kThreads) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) sum += part[w][e / 32][e % 32];
+    out[e / 32][e % 32] = sum;
+  }
+}
+
 // Gathered rows: y[b, n] = sum_k x[b, k] * table[ids[b], k, n] in f32; a cluster of kBgmvSplit
-// blocks (column strip, row b), block z of it over the z-th of kBgmvSplit k-chunks, the chunks'
+// blocks (column strip, rows), block z of it over the z-th of kBgmvSplit k-chunks, the chunks'
 // sums added by block 0 in a fixed order (a LoRA shrink, N = rank and K = in_features, would
-// otherwise stream its whole factor through one SM). A narrow strip with a long k loop, in
-// whole 16-byte vectors, takes the vector path; any other the scalar one.
-constexpr int kBgmvSplit = 8;
+// otherwise stream its whole factor through one SM). Up to kBgmvTiledFrom rows a block takes one
+// row (a decode batch, a slot per row); beyond, a tile of kBgmvTile rows (a prefill's rows share
+// their slot), by tensor cores where K is a multiple of 128 (whole k16 steps in every chunk) and x is
+// 4-byte aligned, else
+// row by row. One row: a narrow strip with a long k loop, in whole 16-byte vectors, takes the
+// vector path; any other the scalar one.
 template <typename T>
 __device__ __forceinline__ void bgmv(const T* x, const int64_t* ids, const T* table, float* y, int B, int K,
                                      int N) {
-  __shared__ float out[32];
-  const int b = blockIdx.y, n0 = blockIdx.x * 32, width = min(32, N - n0);
-  if (b >= B) return;  // the whole cluster: it shares b
+  __shared__ float out[kBgmvTile][32];
+  const int tile = bgmv_tile_rows(B), b0 = blockIdx.y * tile, n0 = blockIdx.x * 32, width = min(32, N - n0);
+  if (b0 >= B) return;  // the whole cluster: it shares the rows
+  const int rows = min(tile, B - b0);
   const uint32_t rank = cluster_rank();
   const int chunk = (K + kBgmvSplit - 1) / kBgmvSplit, k0 = min(K, static_cast<int>(rank) * chunk);
   const int kn = min(K - k0, chunk);
-  const T* t = table + (static_cast<size_t>(ids[b]) * K + k0) * N + n0;
-  const T* xb = x + static_cast<size_t>(b) * K + k0;
-  if (width <= 16 && N % 8 == 0 && K >= 512 && (reinterpret_cast<uintptr_t>(table) & 15) == 0)
-    bgmv_vector(xb, t, out, kn, N, width);
-  else
-    bgmv_scalar(xb, t, out, kn, N, width);
-  cluster_sync();  // every chunk's sums are in
-  if (rank == 0 && threadIdx.x < width) {
-    float sum = 0.f;
-    for (uint32_t r = 0; r < kBgmvSplit; ++r) sum += ld_cluster1(out + threadIdx.x, r);
-    y[static_cast<size_t>(b) * N + n0 + threadIdx.x] = sum;
+  const T* xb = x + static_cast<size_t>(b0) * K + k0;
+  if (tile > 1 && K % (16 * kBgmvSplit) == 0 && (reinterpret_cast<uintptr_t>(x) & 3) == 0) {
+    bgmv_mma(xb, ids + b0, table + static_cast<size_t>(k0) * N + n0, out, rows, K, N, width, kn);
+  } else {
+    const bool vector = width <= 16 && N % 8 == 0 && K >= 512 && (reinterpret_cast<uintptr_t>(table) & 15) == 0;
+    for (int r = 0; r < rows; ++r) {
+      const T* t = table + (static_cast<size_t>(ids[b0 + r]) * K + k0) * N + n0;
+      if (vector)
+        bgmv_vector(xb + static_cast<size_t>(r) * K, t, out[r], kn, N, width);
+      else
+        bgmv_scalar(xb + static_cast<size_t>(r) * K, t, out[r], kn, N, width);
+      __syncthreads();  // the row's partial sums are read before the next row's are written
+    }
   }
+  cluster_sync();  // every chunk's sums are in
+  if (rank == 0)
+    for (int e = threadIdx.x; e < rows * 32; e += kThreads) {
+      const int r = e / 32, c = e % 32;
+      if (c >= width) continue;
+      float sum = 0.f;
+      for (uint32_t z = 0; z < kBgmvSplit; ++z) sum += ld_cluster1(&out[r][c], z);
+      y[static_cast<size_t>(b0 + r) * N + n0 + c] = sum;
+    }
   cluster_sync();  // no block leaves while block 0 reads its shared memory
 }
 
