@@ -40,7 +40,7 @@ STRIP, TILE_W = 8, 64  # w's tile layout [N/64][K/64][8][64][8]: 64x64 tiles of 
 WG_COLS, WG_PAIR, WG_SPLIT_MAX_M, WG_SMEM = 64, 2, 128, 197632  # stageml_gemm_wgmma's grid and shared memory
 WG_THREADS = (288, 1, 1)  # stageml_gemm_wgmma's block: 2 warpgroups and a producer warp
 BGMV_SPLIT = 8  # stageml_bgmv's k-chunks: its cluster along z
-BGMV_TILED_FROM, BGMV_TILE = 128, 16  # past 128 rows, stageml_bgmv's blocks take 16 rows each
+BGMV_TILED_FROM, BGMV_TILE = 64, 16  # past 64 rows, stageml_bgmv's blocks take 16 rows each
 THREADS = (256, 1, 1)
 SCALE = 0.5
 RANK = 16  # timed LoRA rank
@@ -176,7 +176,7 @@ def timings(kernels: Kernels, dtype: str, calls: int) -> list:
     return rows
 
 
-BGMV_TIMED = (1, 32, 128, 129, 256, 512)  # rows of the timed shrink
+BGMV_TIMED = (1, 32, 64, 65, 128, 256, 512)  # rows of the timed shrink
 SHRINK_SLOTS = 33  # 32 tenants and the base model
 
 

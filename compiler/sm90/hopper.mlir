@@ -24,7 +24,7 @@
 // cluster two column tiles of 64 that share x. Each block has 197632 bytes of
 // dynamic shared memory, which IREE's CUDA runtime sets and launches with
 // (`workgroup_local_memory`); for BGMV, clusters of 8 along z (the k-chunks), one
-// per 32 columns of each row, or of each 16 rows past 128 rows.
+// per 32 columns of each row, or of each 16 rows past 64 rows.
 #sm90 = #hal.executable.target<"cuda", "cuda-nvptx-fb", {
   iree_codegen.target_info = #iree_gpu.target<arch = "sm_90", features = "+ptx80",
     wgp = <compute = fp64|fp32|fp16|int64|int32|int16|int8, storage = b64|b32|b16|b8,
@@ -122,7 +122,7 @@ module attributes {hal.device.targets = [#hal.device.target<"cuda", [#sm90]> : !
       %c1 = arith.constant 1 : index
       %cols = arith.constant 32 : index
       %split = arith.constant 8 : index
-      %tiled_from = arith.constant 128 : index
+      %tiled_from = arith.constant 64 : index
       %tile = arith.constant 16 : index
       %x = arith.ceildivui %n, %cols : index
       %one_each = arith.maxui %b, %c1 : index
@@ -137,7 +137,7 @@ module attributes {hal.device.targets = [#hal.device.target<"cuda", [#sm90]> : !
       %c1 = arith.constant 1 : index
       %cols = arith.constant 32 : index
       %split = arith.constant 8 : index
-      %tiled_from = arith.constant 128 : index
+      %tiled_from = arith.constant 64 : index
       %tile = arith.constant 16 : index
       %x = arith.ceildivui %n, %cols : index
       %one_each = arith.maxui %b, %c1 : index

@@ -19,7 +19,8 @@
 //     x is [B,K] (one token per row), table dense [S][K][N] (no strips),
 //     ids int64 slot numbers, which the kernel trusts: 0 <= ids[b] < S is the
 //     caller's. Any K and N. Grid (ceil(N / 32), max(B, 1), 8), clusters of (1, 1, 8);
-//     past 128 rows (ceil(N / 32), ceil(B / 16), 8), 16 rows a block.
+//     past 64 rows (ceil(N / 32), ceil(B / 16), 8), 16 rows a block. At most 80 registers
+//     a thread (3 blocks an SM: the per-row grid's many short blocks).
 //
 //   stageml_gemm_wgmma_T(const T* x, const T* w, T* y, int M, int K, int N)
 //     the GEMM's semantics, by wgmma and TMA for any M (below).
@@ -670,7 +671,7 @@ __device__ __forceinline__ void run(const T* x, const T* w, const T* a, const T*
 }
 
 constexpr int kBgmvSplit = 8;       // blocks per cluster (k-chunks)
-constexpr int kBgmvTiledFrom = 128;  // more rows than this: kBgmvTile rows per block
+constexpr int kBgmvTiledFrom = 64;  // more rows than this: kBgmvTile rows per block
 constexpr int kBgmvTile = 16;
 __device__ __forceinline__ int bgmv_tile_rows(int B) { return B > kBgmvTiledFrom ? kBgmvTile : 1; }
 
@@ -754,89 +755,149 @@ __device__ __forceinline__ void bgmv_vector(const T* xb, const T* t, float* out,
   }
 }
 
-// The tiled shrink: `rows` <= 16 rows of x (x0, row-major with stride K) over one k-chunk of kn
-// (a multiple of 16; x0 and K such that every row is 4-byte aligned), each row by its own slot's table (t0: table at the
-// chunk's first k-row and the strip's first column; slot s at t0 + s*K*N), into out[row][col]
-// (shared, width <= 32 columns). The rows' distinct slots are passes; every (pass, k16 step) is one
-// mma.m16n8k16 of the 16 rows, those of other slots zeroed, by 4 column tiles of 8 (those within
-// the width): the 8 warps take the items in turn and their partial tiles are summed in a fixed
-// order. A slot's table is read once for all its rows of the tile (the per-row path reads it per row).
-template <typename T>
-__device__ __forceinline__ void bgmv_mma(const T* x0, const int64_t* ids, const T* t0, float (*out)[32], int rows,
-                                         int K, int N, int width, int kn) {
-  __shared__ float part[kThreads / 32][kBgmvTile][kLd];
-  __shared__ int64_t row_slot[kBgmvTile], pass_slot[kBgmvTile];
-  __shared__ uint32_t pass_rows[kBgmvTile];
-  __shared__ int passes;
-  if (threadIdx.x < rows) row_slot[threadIdx.x] = ids[threadIdx.x];
-  __syncthreads();
-  if (threadIdx.x == 0) {  // the distinct slots, in order of their first row, and each one's rows
-    uint32_t seen = 0;
-    int p = 0;
-    for (int r = 0; r < rows; ++r) {
-      if (seen >> r & 1u) continue;
-      uint32_t mask = 0;
-      for (int q = r; q < rows; ++q) mask |= static_cast<uint32_t>(row_slot[q] == row_slot[r]) << q;
-      seen |= mask;
-      pass_slot[p] = row_slot[r];
-      pass_rows[p++] = mask;
-    }
-    passes = p;
-  }
-  __syncthreads();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  const int steps = kn / 16, items = passes * steps;
+constexpr int kBgmvMmaSlots = 2;
+constexpr int kBgmvLoads = 16;  // 16-byte factor loads a lane has in flight (the streaming path)
+
+// bgmv_tile's tensor-core path for NT column tiles of 8 (width <= 8 NT).
+template <typename T, int NT>
+__device__ __forceinline__ void bgmv_mma(const T* x0, const T* t0, float (*out)[32], float (*part)[kBgmvTile][kLd],
+                                         const int64_t* pass_slot, const uint32_t* pass_rows, int passes, int K,
+                                         int N, int width, int kn) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, q = lane & 3, steps = kn / 16, items = passes * steps;
   const T* x_lo = x0 + static_cast<size_t>(g) * K + 2 * q;  // the fragment's rows g and g + 8
   const T* x_hi = x_lo + static_cast<size_t>(8) * K;
-  float d[4][4] = {};
-#pragma unroll 4  // a prefill tile's 32 steps are 4 a warp: all their loads in flight
-  for (int i = warp; i < items; i += kThreads / 32) {
-    const int p = i / steps, k = (i - p * steps) * 16;
-    const uint32_t mask = pass_rows[p];
-    const bool lo = mask >> g & 1u, hi = mask >> (g + 8) & 1u;
-    uint32_t a[4];
-    a[0] = lo ? *reinterpret_cast<const uint32_t*>(x_lo + k) : 0u;
-    a[1] = hi ? *reinterpret_cast<const uint32_t*>(x_hi + k) : 0u;
-    a[2] = lo ? *reinterpret_cast<const uint32_t*>(x_lo + k + 8) : 0u;
-    a[3] = hi ? *reinterpret_cast<const uint32_t*>(x_hi + k + 8) : 0u;
-    const T* tk = t0 + (static_cast<size_t>(pass_slot[p]) * K + k + 2 * q) * N + g;  // rows k + 2q (+1, +8, +9)
+  constexpr int kBgmvItems = 8 / NT;  // (slot, k16 step) items a warp loads at once (a prefill tile's 4 at rank 16)
+  float d[NT][4] = {};
+  for (int i0 = warp; i0 < items; i0 += kBgmvItems * (kThreads / 32)) {  // kBgmvItems items' loads in flight
+    uint32_t a[kBgmvItems][4], b[kBgmvItems][NT][2];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if (8 * j >= width) break;
-      uint32_t b0 = 0u, b1 = 0u;
-      if (8 * j + g < width) {
+    for (int u = 0; u < kBgmvItems; ++u) {
+      const int i = i0 + u * (kThreads / 32), p = i < items ? i / steps : 0, k = (i - p * steps) * 16;
+      const uint32_t mask = i < items ? pass_rows[p] : 0u;
+      const bool lo = mask >> g & 1u, hi = mask >> (g + 8) & 1u;
+      a[u][0] = lo ? *reinterpret_cast<const uint32_t*>(x_lo + k) : 0u;
+      a[u][1] = hi ? *reinterpret_cast<const uint32_t*>(x_hi + k) : 0u;
+      a[u][2] = lo ? *reinterpret_cast<const uint32_t*>(x_lo + k + 8) : 0u;
+      a[u][3] = hi ? *reinterpret_cast<const uint32_t*>(x_hi + k + 8) : 0u;
+      const T* tk = t0 + (static_cast<size_t>(pass_slot[p]) * K + k + 2 * q) * N + g;  // rows k + 2q (+1, +8, +9)
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const bool col = i < items && 8 * j + g < width;
         const T* c = tk + 8 * j;
-        b0 = pack2(c[0], c[N]);
-        b1 = pack2(c[static_cast<size_t>(8) * N], c[static_cast<size_t>(9) * N]);
+        b[u][j][0] = col ? pack2(c[0], c[N]) : 0u;
+        b[u][j][1] = col ? pack2(c[static_cast<size_t>(8) * N], c[static_cast<size_t>(9) * N]) : 0u;
       }
-      mma<T>(d[j], a, b0, b1);
     }
+#pragma unroll
+    for (int u = 0; u < kBgmvItems; ++u)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+        if (8 * j < width) mma<T>(d[j], a[u], b[u][j][0], b[u][j][1]);
   }
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
+  for (int j = 0; j < NT; ++j) {
     part[warp][g][8 * j + 2 * q] = d[j][0];
     part[warp][g][8 * j + 2 * q + 1] = d[j][1];
     part[warp][g + 8][8 * j + 2 * q] = d[j][2];
     part[warp][g + 8][8 * j + 2 * q + 1] = d[j][3];
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < kBgmvTile * 32; e += kThreads) {
+  for (int e = threadIdx.x; e < kBgmvTile * 8 * NT; e += kThreads) {
+    const int r = e / (8 * NT), c = e % (8 * NT);
     float sum = 0.f;
 #pragma unroll
-    for (int w = 0; w < kThreads / 32; ++w) sum += part[w][e / 32][e % 32];
-    out[e / 32][e % 32] = sum;
+    for (int w = 0; w < kThreads / 32; ++w) sum += part[w][r][c];
+    out[r][c] = sum;
   }
+}
+
+// A tile's rows (<= 16, x0 row-major with stride K, every row 4-byte aligned) over one k-chunk
+// of kn (a multiple of 16), each row by its own slot's table (t0: table at the chunk's first
+// k-row and the strip's first column; slot s at t0 + s*K*N), into out[row][col] (shared, width
+// <= 32 columns). Warp 0 finds the rows' distinct slots (match.any). Up to kBgmvMmaSlots of them
+// (a prefill's tile, or one at a boundary between prompts): each (slot, k16 step) is one
+// mma.m16n8k16 of the 16 rows, those of other slots zeroed, by column tiles of 8, the 8 warps
+// taking the items in turn and their partial tiles summed in a fixed order; a slot's table is read
+// once for all its rows. More (a decode batch's tile, a slot per row): each warp streams its rows'
+// factors in 16-byte vectors (width 8, 16 or 32 and 16-byte rows), else by mma as above.
+template <typename T>
+__device__ __forceinline__ void bgmv_tile(const T* x0, const int64_t* ids, const T* t0, float (*out)[32], int rows,
+                                          int K, int N, int width, int kn) {
+  __shared__ float part[kThreads / 32][kBgmvTile][kLd];
+  __shared__ int64_t row_slot[kBgmvTile], pass_slot[kBgmvTile];
+  __shared__ uint32_t pass_rows[kBgmvTile];
+  __shared__ int passes;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (warp == 0) {
+    const bool row = lane < rows;
+    const unsigned long long slot = row ? static_cast<unsigned long long>(ids[lane]) : ~0ull;
+    const uint32_t same = __match_any_sync(0xffffffffu, slot), below = (1u << lane) - 1u;
+    const bool first = row && (same & below) == 0u;  // the slot's first row
+    const uint32_t firsts = __ballot_sync(0xffffffffu, first);
+    if (row) row_slot[lane] = static_cast<int64_t>(slot);
+    if (first) {
+      pass_slot[__popc(firsts & below)] = static_cast<int64_t>(slot);
+      pass_rows[__popc(firsts & below)] = same;
+    }
+    if (lane == 0) passes = __popc(firsts);
+  }
+  __syncthreads();
+  const int groups = width / 8;
+  if (passes > kBgmvMmaSlots && width % 8 == 0 && (groups & (groups - 1)) == 0 && N % 8 == 0 &&
+      (reinterpret_cast<uintptr_t>(t0) & 15) == 0) {
+    const int lanes = 32 / groups, v = lane % groups;  // lane: 8 columns (v) of k-rows lane / groups + lanes i
+    for (int r = warp; r < rows; r += kThreads / 32) {
+      const T* t = t0 + static_cast<size_t>(row_slot[r]) * K * N + 8 * v;
+      const T* xr = x0 + static_cast<size_t>(r) * K;
+      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      int k = lane / groups;
+      for (; k + (kBgmvLoads - 1) * lanes < kn; k += kBgmvLoads * lanes) {  // kBgmvLoads loads in flight
+        uint4 tv[kBgmvLoads];
+        float xv[kBgmvLoads];
+#pragma unroll
+        for (int u = 0; u < kBgmvLoads; ++u) {
+          tv[u] = __ldg(reinterpret_cast<const uint4*>(t + static_cast<size_t>(k + u * lanes) * N));
+          xv[u] = to_f32(xr[k + u * lanes]);
+        }
+#pragma unroll
+        for (int u = 0; u < kBgmvLoads; ++u) {
+          float f[8];
+          unpack8<T>(tv[u], f);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[j] = fmaf(xv[u], f[j], acc[j]);
+        }
+      }
+      for (; k < kn; k += lanes) {
+        float f[8];
+        unpack8<T>(__ldg(reinterpret_cast<const uint4*>(t + static_cast<size_t>(k) * N)), f);
+        const float xv = to_f32(xr[k]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[j] = fmaf(xv, f[j], acc[j]);
+      }
+      for (int offset = groups; offset < 32; offset *= 2)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], offset);
+      if (lane < groups)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) out[r][8 * lane + j] = acc[j];
+    }
+    return;
+  }
+  if (width <= 16)
+    bgmv_mma<T, 2>(x0, t0, out, part, pass_slot, pass_rows, passes, K, N, width, kn);
+  else
+    bgmv_mma<T, 4>(x0, t0, out, part, pass_slot, pass_rows, passes, K, N, width, kn);
 }
 
 // Gathered rows: y[b, n] = sum_k x[b, k] * table[ids[b], k, n] in f32; a cluster of kBgmvSplit
 // blocks (column strip, rows), block z of it over the z-th of kBgmvSplit k-chunks, the chunks'
-// sums added by block 0 in a fixed order (a LoRA shrink, N = rank and K = in_features, would
-// otherwise stream its whole factor through one SM). Up to kBgmvTiledFrom rows a block takes one
-// row (a decode batch, a slot per row); beyond, a tile of kBgmvTile rows (a prefill's rows share
-// their slot), by tensor cores where K is a multiple of 128 (whole k16 steps in every chunk) and x is
-// 4-byte aligned, else
-// row by row. One row: a narrow strip with a long k loop, in whole 16-byte vectors, takes the
-// vector path; any other the scalar one.
+// sums added in a fixed order, block z adding those of rows z, z + kBgmvSplit, ... (a LoRA shrink,
+// N = rank and K = in_features, would otherwise stream its whole factor through one SM). Up to
+// kBgmvTiledFrom rows a block takes one row; beyond, a tile of kBgmvTile rows (bgmv_tile) where K
+// is a multiple of 128 (whole k16 steps in every chunk) and x is 4-byte aligned, else row by row.
+// One row: a narrow strip with a long k loop, in whole 16-byte vectors, takes the vector path;
+// any other the scalar one.
 template <typename T>
 __device__ __forceinline__ void bgmv(const T* x, const int64_t* ids, const T* table, float* y, int B, int K,
                                      int N) {
@@ -849,7 +910,7 @@ __device__ __forceinline__ void bgmv(const T* x, const int64_t* ids, const T* ta
   const int kn = min(K - k0, chunk);
   const T* xb = x + static_cast<size_t>(b0) * K + k0;
   if (tile > 1 && K % (16 * kBgmvSplit) == 0 && (reinterpret_cast<uintptr_t>(x) & 3) == 0) {
-    bgmv_mma(xb, ids + b0, table + static_cast<size_t>(k0) * N + n0, out, rows, K, N, width, kn);
+    bgmv_tile(xb, ids + b0, table + static_cast<size_t>(k0) * N + n0, out, rows, K, N, width, kn);
   } else {
     const bool vector = width <= 16 && N % 8 == 0 && K >= 512 && (reinterpret_cast<uintptr_t>(table) & 15) == 0;
     for (int r = 0; r < rows; ++r) {
@@ -862,15 +923,20 @@ __device__ __forceinline__ void bgmv(const T* x, const int64_t* ids, const T* ta
     }
   }
   cluster_sync();  // every chunk's sums are in
-  if (rank == 0)
-    for (int e = threadIdx.x; e < rows * 32; e += kThreads) {
-      const int r = e / 32, c = e % 32;
-      if (c >= width) continue;
+  constexpr int kRowsPerBlock = kBgmvTile / kBgmvSplit;
+  if (threadIdx.x < kRowsPerBlock * 32) {
+    const int r = static_cast<int>(rank) + kBgmvSplit * (threadIdx.x / 32), c = threadIdx.x % 32;
+    if (r < rows && c < width) {
+      float part[kBgmvSplit];
+#pragma unroll
+      for (uint32_t z = 0; z < kBgmvSplit; ++z) part[z] = ld_cluster1(&out[r][c], z);
       float sum = 0.f;
-      for (uint32_t z = 0; z < kBgmvSplit; ++z) sum += ld_cluster1(&out[r][c], z);
+#pragma unroll
+      for (int z = 0; z < kBgmvSplit; ++z) sum += part[z];
       y[static_cast<size_t>(b0 + r) * N + n0 + c] = sum;
     }
-  cluster_sync();  // no block leaves while block 0 reads its shared memory
+  }
+  cluster_sync();  // no block leaves while others read its shared memory
 }
 
 // ---- wgmma path (stageml_gemm_wgmma) ------------------------------------------
@@ -1251,7 +1317,7 @@ __device__ __forceinline__ void gemm_wgmma(const T* x, const T* w, T* y, int M, 
                                    T* __restrict__ y, int M, int K, int N, int R, int rows) {                   \
     gemm_wgmma<T>(x, w, y, M, K, N, Expand<T>{t, ids, table, R, rows});                                         \
   }                                                                                                             \
-  extern "C" __global__ void __cluster_dims__(1, 1, kBgmvSplit) __launch_bounds__(kThreads)                   \
+  extern "C" __global__ void __cluster_dims__(1, 1, kBgmvSplit) __launch_bounds__(kThreads, 3)                \
       stageml_bgmv_##SUFFIX(const T* __restrict__ x, const int64_t* __restrict__ ids,                           \
                             const T* __restrict__ table, float* __restrict__ y, int B, int K, int N) {          \
     bgmv<T>(x, ids, table, y, B, K, N);                                                                         \
