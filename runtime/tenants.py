@@ -66,6 +66,8 @@ class _Batch:
     slots: np.ndarray
     residency: int            # TenantModule._residency when checked
     ids: object = None
+    calls: int = 0            # calls since its rows were last added to its adapters' counts
+    last_call: int = 0        # the clock at its latest call
 
 
 class TenantModule(ResidualModule):
@@ -165,6 +167,7 @@ class TenantModule(ResidualModule):
             tensors, _ = peft_adapter.read(adapter.source)
             adapter.inputs = peft_adapter.prepare(tensors, adapter.config, self._sites, self._max_rank)
         if not self._free:
+            self._count_calls()
             resident = [(a.last_used, n) for n, a in self._adapters.items() if a.slot is not None and n not in busy]
             if not resident:
                 raise AdapterError(f"all {self.tenants['max_adapters']} adapter slots are in use by this call: "
@@ -213,6 +216,7 @@ class TenantModule(ResidualModule):
         """Applies the policy to the resident adapters; `decay` then halves their
         traffic counts (the periodic re-plan), so that recent traffic counts most."""
         self._count_routing()
+        self._count_calls()
         resident = {n: a for n, a in self._adapters.items() if a.slot is not None}
         if self._policy == "auto":
             profiles = [dataclasses.replace(self._profile, name=n, requests=a.requests) for n, a in resident.items()]
@@ -239,6 +243,7 @@ class TenantModule(ResidualModule):
         """Per adapter: form (merged, factorized or evicted), slot, bytes held and
         rows served; plus the totals, the budget and the (tenant, expert) plan."""
         with self._lock:
+            self._count_calls()
             adapters = {n: {"form": self._form(a), "slot": a.slot, "bytes_held": self._bytes_of(a),
                             "requests": a.total}
                         for n, a in sorted(self._adapters.items())}
@@ -294,6 +299,17 @@ class TenantModule(ResidualModule):
                     if adapter is not None:
                         adapter.routed[layer] = adapter.routed.get(layer, 0) + counts[slot]
 
+    def _count_calls(self, batches=None) -> None:
+        """Adds the rows of the calls since the last count (of `batches`, default every kept
+        batch) to their adapters' counts and times of last use: a call only counts its batch."""
+        for batch in self._batches.values() if batches is None else batches:
+            if batch.calls:
+                for name, adapter in batch.named.items():
+                    adapter.requests += batch.rows_of[name] * batch.calls
+                    adapter.total += batch.rows_of[name] * batch.calls
+                    adapter.last_used = max(adapter.last_used, batch.last_call)
+                batch.calls = 0
+
     # -- requests -------------------------------------------------------------
 
     def _routing_split(self, results, batch: _Batch) -> list:
@@ -331,7 +347,10 @@ class TenantModule(ResidualModule):
         except TypeError:  # an unhashable name: refused below
             key = None
         batch = None if key is None else self._batches.pop(key, None)
-        if batch is None or batch.residency != self._residency:
+        if batch is not None and batch.residency != self._residency:
+            self._count_calls([batch])
+            batch = None
+        if batch is None:
             for name in adapters if key is None else set(key):
                 if name is not None and not isinstance(name, str):
                     raise AdapterError(f"adapter {name!r} is not a name: pass adapter names (strings) or None "
@@ -346,7 +365,7 @@ class TenantModule(ResidualModule):
             batch = _Batch(named, rows_of, np.fromiter(map(slot_of.__getitem__, key), np.int64, len(key)),
                            self._residency)
             if len(self._batches) >= _BATCHES_KEPT:
-                del self._batches[next(iter(self._batches))]  # the least recently used
+                self._count_calls([self._batches.pop(next(iter(self._batches)))])  # the least recently used
         self._batches[key] = batch
         return batch
 
@@ -356,11 +375,8 @@ class TenantModule(ResidualModule):
                              f"{request.rows} rows: pass one name (or None) per row")
         with self._lock:
             batch = self._batch(adapters)
-            now = next(self._clock)
-            for name, adapter in batch.named.items():
-                adapter.requests += batch.rows_of[name]
-                adapter.total += batch.rows_of[name]
-                adapter.last_used = now
+            batch.calls += 1
+            batch.last_call = next(self._clock)
             values = {s["name"]: v for s, v in zip(self.inputs, request.values)}
             only = next(iter(batch.named.values())) if len(batch.named) == 1 and None not in batch.rows_of else None
             if only is not None and only.merged is not None:

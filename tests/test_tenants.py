@@ -196,6 +196,25 @@ def test_rows_see_only_their_adapter_through_unload_reload_and_slot_reuse(linear
         mod.run_batch(np.zeros((3, 64), np.float32), ["a", "b", "c"])
 
 
+def test_every_call_of_a_kept_composition_counts_its_rows_and_use(linear):
+    # a composition run again is not checked again, but each call still adds its rows to
+    # its adapters' counts and makes them recently used (the least recently used is evicted)
+    mod = stageml.load(linear["path"], policy="factorized")
+    adapters = {n: _factors(i) for i, n in enumerate("abc")}
+    mod.load_adapter("a", adapters["a"])
+    mod.load_adapter("b", adapters["b"])
+    for _ in range(3):
+        _check_rows(mod, linear, adapters, ["a", "b", "a", None])
+    _check_rows(mod, linear, adapters, ["b"])
+    _check_rows(mod, linear, adapters, ["a", "b", "a", None])
+    _check_rows(mod, linear, adapters, ["a"])  # "a" used after "b" (which was loaded later)
+    served = {n: a["requests"] for n, a in mod.stats()["adapters"].items()}
+    assert served == {"a": 9, "b": 5}
+    mod.load_adapter("c", adapters["c"])  # both slots full: "b" is the least recently used
+    forms = {n: a["form"] for n, a in mod.stats()["adapters"].items()}
+    assert forms == {"a": "factorized", "b": "evicted", "c": "factorized"}
+
+
 def test_batch_compositions_are_checked_once_and_rechecked_when_slots_change(linear):
     # run_batch checks a composition and uploads its slot ids once, keeps the last 64, and checks
     # a kept one again once any slot has changed hands.
