@@ -100,6 +100,7 @@ class TenantModule(ResidualModule):
                                max(s.get("experts", 0), 1)) for s in self._sites)
         self._profile = AdapterProfile("", self._max_rank, sites)
         self._layers = expert_layers(self._sites, routing_sites([self.entry("dynamic", FACTORIZED)]), self._max_rank)
+        self._routing = [r["kind"] == ROUTING for r in self.entry("dynamic", FACTORIZED)["results"]]  # per result
         self._routed = []  # (slot -> adapter name, the routing results) of calls not yet counted
 
     # -- adapters -------------------------------------------------------------
@@ -315,12 +316,11 @@ class TenantModule(ResidualModule):
     def _routing_split(self, results, batch: _Batch) -> list:
         """The factorized call's outputs; its routing counts are kept (read at the next count)."""
         results = list(results) if isinstance(results, (tuple, list)) else [results]
-        kinds = [r["kind"] for r in self.entry("dynamic", FACTORIZED)["results"]]
         self._routed.append(({a.slot: n for n, a in batch.named.items()},
-                             [r for r, k in zip(results, kinds) if k == ROUTING]))
+                             [r for r, routing in zip(results, self._routing) if routing]))
         if len(self._routed) > self._replan_every:
             self._count_routing()
-        return [r for r, k in zip(results, kinds) if k != ROUTING]
+        return [r for r, routing in zip(results, self._routing) if not routing]
 
     def __call__(self, *inputs, adapter=None):
         """The residual with one adapter (None: the base model) for every row."""
