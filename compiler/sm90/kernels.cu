@@ -156,9 +156,19 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// Every thread of the cluster: its earlier writes (shared or global) are seen by the cluster's
+// threads past the barrier. The release is a GPU-scope membar, which waits for the block's
+// global stores.
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+// The two halves of a cluster barrier that orders no memory: for the blocks' lifetimes (no block
+// leaves while another reads its shared memory: those reads have returned their values before
+// the arrival) and for mbarriers made visible by fence.mbarrier_init.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
 __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
@@ -936,7 +946,8 @@ __device__ __forceinline__ void bgmv(const T* x, const int64_t* ids, const T* ta
       y[static_cast<size_t>(b0 + r) * N + n0 + c] = sum;
     }
   }
-  cluster_sync();  // no block leaves while others read its shared memory
+  cluster_arrive_relaxed();  // no block leaves while others read its shared memory
+  cluster_wait();
 }
 
 // ---- wgmma path (stageml_gemm_wgmma) ------------------------------------------
@@ -1158,7 +1169,11 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
     for (int s = 0; s < S; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], multicast ? 2 * kWgPair : 2);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  cluster_sync();  // both blocks' barriers are set before either multicasts
+  // Both blocks' barriers are set before either multicasts; meanwhile, where x comes by TMA
+  // (NT >= 64), the producer warp builds x's tensor map.
+  cluster_arrive_relaxed();
+  const void* map = NT >= 64 && tid >= kThreads ? x_tensor_map(x, M, K, rows, smem + kWgRing + 128) : nullptr;
+  cluster_wait();
 
   float d[NT / 2];
 #pragma unroll
@@ -1169,7 +1184,6 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
     // never stored. The producer fills slot kt % S once its previous stage is released: one
     // arrival per warpgroup (of both blocks, where they share x) after the wgmma that read it.
     if (tid >= kThreads) {
-      const void* map = x_tensor_map(x, M, K, rows, smem + kWgRing + 128);
       if (tid == kThreads) {
         tensor_map_acquire(map);
         for (int kt = 0; kt < KT; ++kt) {
@@ -1271,7 +1285,8 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
     T* out = y + static_cast<size_t>(m) * N + n0 + c4;
     out[0] = from_f32<T>(s.x), out[1] = from_f32<T>(s.y), out[2] = from_f32<T>(s.z), out[3] = from_f32<T>(s.w);
   }
-  cluster_sync();  // no block leaves while another reads its shared memory
+  cluster_arrive_relaxed();  // no block leaves while another reads its shared memory
+  cluster_wait();
 }
 
 template <typename T>
