@@ -130,7 +130,7 @@ def f32_tiles(arch: str, features: frozenset) -> tuple:
     return tuple(ladder) + ((None, m0, n0, 1),)
 
 
-def _data_tiling(module) -> str:
+def _data_tiling(module, features: frozenset) -> str:
     """IREE's data-tiling flag for `module` (the residual's IREE input, or None).
 
     `--iree-opt-data-tiling` picks IREE 3.13's dispatch-creation path, which fails on
@@ -139,21 +139,31 @@ def _data_tiling(module) -> str:
     non-positive", the canonicalization bug of llvm/llvm-project#205238, fixed by
     llvm/llvm-project#205288). The global-optimization path compiles those; for f32 it
     was 1.6-1.9x slower on a 2-layer Llama (AMD EPYC Zen 3), so only modules with f16 or
-    bf16 tensors take it."""
-    return "--iree-global-opt-data-tiling" if module is not None and _has_half(module) else "--iree-opt-data-tiling"
+    bf16 tensors take it. On a CPU without avx512bf16 (AVX2 only: AMD EPYC Zen 3) that path
+    crashes iree-compile on bf16 models (tiny Llama, Mixtral, the tenant and expert-LoRA
+    tests), so bf16 there is compiled without data tiling."""
+    half = _half_types(module) if module is not None else set()
+    if "bf16" in half and "avx512bf16" not in features:
+        return "--iree-opt-data-tiling=false"
+    return "--iree-global-opt-data-tiling" if half else "--iree-opt-data-tiling"
 
 
-def _has_half(module) -> bool:
-    """Whether a function of `module` takes or returns f16 / bf16 tensors."""
+def _half_types(module) -> set:
+    """The half-precision element types ("f16", "bf16") of the tensors `module`'s functions
+    take or return."""
     from iree.compiler import ir
+    found = set()
     for op in module.operation.regions[0].blocks[0].operations:
         if op.operation.name != "func.func":
             continue
         fn = ir.FunctionType(ir.TypeAttr(op.operation.attributes["function_type"]).value)
         for type_ in list(fn.inputs) + list(fn.results):
-            if isinstance(type_, ir.RankedTensorType) and isinstance(type_.element_type, (ir.F16Type, ir.BF16Type)):
-                return True
-    return False
+            if isinstance(type_, ir.RankedTensorType):
+                if isinstance(type_.element_type, ir.F16Type):
+                    found.add("f16")
+                elif isinstance(type_.element_type, ir.BF16Type):
+                    found.add("bf16")
+    return found
 
 
 class CpuTarget(Target):
@@ -185,7 +195,7 @@ class CpuTarget(Target):
     def flags(self, module=None) -> list:
         # Measured on a 2-core CPU to matter 4x for weight-heavy residuals (DESIGN.md):
         # what layout work is left is done once, at load time, not per request.
-        return [f"--iree-llvmcpu-target-cpu={self.cpu}", _data_tiling(module),
+        return [f"--iree-llvmcpu-target-cpu={self.cpu}", _data_tiling(module, self.features),
                 "--iree-opt-const-eval", "--iree-opt-const-expr-hoisting"]
 
     def passes(self) -> list:
