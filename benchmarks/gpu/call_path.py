@@ -14,11 +14,16 @@ first. Per call, medians:
 - device: iree-benchmark-module on the same function and inputs, with the
   runtime flags stageml.load sets (median of 5 repetitions of back-to-back
   calls; a call's time includes its submission and wait);
-- invoke: IREE's function call with every argument already on the device and
+- invoke: the module's VM call with every argument already on the device and
   the result left there (the floor of any Python caller);
 - torch / numpy: the whole call with torch CUDA tensors in and out, and with
   numpy in and out (bench_host: median of 100 after 10 warm-up).
 Host overhead = torch - device.
+
+Where a torch `run_batch`'s host time goes: its steps (checking the input,
+waiting for torch's stream and sharing x by DLPack, the batch's slot ids, the
+VM call, sharing the result back and releasing it) timed one by one, in a loop
+of whole calls as a caller makes them, and each step repeated alone.
 
 Then IREE's options for repeated submissions, each by iree-benchmark-module
 on the decode-32 call: command buffers replayed on CUDA streams (IREE's
@@ -28,9 +33,12 @@ and the same stack compiled for exactly 32 rows (no dynamic dimension), where
 IREE can record the call's command buffer once and reuse it (memoization).
 """
 
+import gc
 import os
+import statistics
 import sys
 import tempfile
+import time
 
 import numpy as np
 import torch
@@ -43,6 +51,7 @@ from peer import STACK, TENANTS, Weights, mapping  # noqa: E402
 import stageml  # noqa: E402
 from iree import runtime as iree_rt  # noqa: E402
 from stageml.compiler.facts import IDS  # noqa: E402
+from stageml.runtime.module import _check_input  # noqa: E402
 
 SHAPES = [("decode", 1, 1), ("decode", 32, 32), ("prefill", 256, 4)]
 OPTIONS = {
@@ -54,10 +63,42 @@ OPTIONS = {
 
 
 def device_invoke(mod, entry: dict, values: dict):
-    """A call of `entry` with `values` already on the device, its result left there."""
-    function = getattr(mod._module, entry["symbol"])
-    args = [iree_rt.asdevicearray(mod._config.device, values[a["name"]]) for a in entry["arguments"]]
-    return lambda: function(*args)
+    """A call of `entry` with `values` (numpy, by name) already on the device, its result left there."""
+    on_device = {name: iree_rt.asdevicearray(mod._config.device, v) for name, v in values.items()}
+    return lambda: mod._call(entry, on_device, mod.state)
+
+
+STEPS = ("check x", "torch sync + x shared", "slot ids", "VM call", "result shared + released")
+
+
+def host_steps(mod, entry: dict, x, names: list) -> dict:
+    """Median µs of each of STEPS of `mod.run_batch(x, names)` (torch in and out):
+    "in a loop" times them inside 300 whole calls, "alone" repeats each by itself."""
+    spec = mod.inputs[0]
+
+    def steps():
+        marks = [time.perf_counter_ns()]
+        value = _check_input(spec, x, "cuda")[0]
+        marks.append(time.perf_counter_ns())
+        view = mod._imported(value)
+        marks.append(time.perf_counter_ns())
+        ids = mod._batch(names).ids
+        marks.append(time.perf_counter_ns())
+        result = mod._call(entry, {spec["name"]: view, IDS: ids})
+        marks.append(time.perf_counter_ns())
+        shared = mod._returned(result, x.device)
+        del shared, result
+        marks.append(time.perf_counter_ns())
+        return [(b - a) / 1e3 for a, b in zip(marks, marks[1:])]
+
+    looped = [steps() for _ in range(320)][20:]
+    value = _check_input(spec, x, "cuda")[0]
+    view, ids = mod._imported(value), mod._batch(names).ids
+    result = mod._call(entry, {spec["name"]: view, IDS: ids})
+    alone = [bench_host(lambda: _check_input(spec, x, "cuda")), bench_host(lambda: mod._imported(value)),
+             bench_host(lambda: mod._batch(names)), bench_host(lambda: mod._call(entry, {spec["name"]: view, IDS: ids})),
+             bench_host(lambda: mod._returned(result, x.device))]
+    return {"in a loop": [statistics.median(column) for column in zip(*looped)], "alone": alone}
 
 
 def stack_rows(art_dir: str, scratch: str) -> tuple[list, dict]:
@@ -86,7 +127,7 @@ def stack_rows(art_dir: str, scratch: str) -> tuple[list, dict]:
                "invoke": bench_host(device_invoke(mod, entry, {"x": to_numpy(x), IDS: ids})),
                "torch": bench_host(lambda: mod.run_batch(x, names)),
                "numpy": bench_host(lambda: mod.run_batch(to_numpy(x), names)),
-               "exported": mod._exports}
+               "exported": mod._exports, "steps": host_steps(mod, entry, x, names)}
         rows.append(row)
         print(row, flush=True)
         if count == 32:
@@ -112,24 +153,28 @@ def llama_row(art_dir: str, scratch: str) -> dict:
         expected = model(ids)
     check("call path llama 1x16, torch in and out", rel_err(mod(ids), expected), BOUNDS["f16"])
     entry = mod.entry("dynamic")
-    function = getattr(mod._module, entry["symbol"])
-    ids_device = iree_rt.asdevicearray(mod._config.device, to_numpy(ids))
-    args = [mod.state[a["result"]] if a["kind"] == "state" else ids_device for a in entry["arguments"]]
+    (name,) = (a["name"] for a in entry["arguments"] if a["kind"] == "input")
     row = {"call": "small Llama, 1 x 16 ids", **kernel_times(lambda: mod(ids)),
            "device": bench_iree(vmfb, state_flags(mod, scratch, "llama") + input_flags([to_numpy(ids)], scratch, "ids")
                                ),
-           "invoke": bench_host(lambda: function(*args)),
+           "invoke": bench_host(device_invoke(mod, entry, {name: to_numpy(ids)})),
            "torch": bench_host(lambda: mod(ids)),
            "numpy": bench_host(lambda: mod(to_numpy(ids))),
            "exported": mod._exports}
     print(row, flush=True)
+    result = mod(ids)
+    del mod
+    gc.collect()
+    check("call path llama 1x16, a result shared with torch outlives its module", rel_err(result, expected),
+          BOUNDS["f16"])
     return row
 
 
 def report(rows: list, options: dict) -> str:
     lines = ["## The call path: host overhead above device time (call_path.py, fp16)", "",
              "µs per call. kernels / span: the GPU's kernel time and first-start to last-end span (CUPTI, median "
-             "of 20 calls). device: iree-benchmark-module. invoke: IREE's call with its arguments on the device. "
+             "of 20 calls). device: iree-benchmark-module. invoke: the module's VM call with its arguments on the "
+             "device. "
              "torch / numpy: the whole call (torch CUDA tensors in and out; numpy in and out). Overhead = torch - "
              "device.", "",
              "| call | kernels | busy | span | device | invoke | torch | numpy | overhead | result shared |",
@@ -138,6 +183,13 @@ def report(rows: list, options: dict) -> str:
         lines.append(f"| {r['call']} | {r['kernels']:.0f} | {r['busy']:.0f} | {r['span']:.0f} | {r['device']:.0f} | "
                      f"{r['invoke']:.0f} | {r['torch']:.0f} | {r['numpy']:.0f} | {r['torch'] - r['device']:.0f} | "
                      f"{'yes' if r['exported'] else 'no (copied)'} |")
+    lines += ["", "Where a torch `run_batch`'s host time goes (µs, medians): its steps inside a loop of whole calls, "
+              "and each step repeated alone.", "",
+              "| call | timed | " + " | ".join(STEPS) + " | all but the VM call |", "|---|---|" + "---:|" * (len(STEPS) + 1)]
+    for r in rows:
+        for timed, times in r.get("steps", {}).items():
+            above = sum(times) - times[STEPS.index("VM call")]
+            lines.append(f"| {r['call']} | {timed} | " + " | ".join(f"{t:.1f}" for t in times) + f" | {above:.1f} |")
     lines += ["", "Each call's kernels (CUPTI): launches per call and median µs per launch.", "",
               "| call | kernel | per call | µs each |", "|---|---|---:|---:|"]
     for r in rows:
