@@ -152,6 +152,38 @@ def test_router_lora_merges_at_adapter_load(tmp_path):
     assert rel_err(mod(x.numpy()), expected.numpy()) <= 1e-4
 
 
+def test_router_lora_tenants_in_one_batch(tmp_path):
+    """Multi-tenant LoRA on the router (`target_parameters=["mlp.gate.weight"]`, beside expert
+    LoRA): each row's tenant changes which experts its tokens go to, as PEFT computes each row,
+    in the factorized and the merged form."""
+    _seeded()
+    model = transformers.AutoModelForCausalLM.from_config(FAMILIES["mixtral"]()).eval()
+    adapters = {"a": _expert_adapter(model, tmp_path / "a", 1, r=4, lora_alpha=8,
+                                     target_parameters=["mlp.gate.weight", *EXPERTS]),
+                "b": _expert_adapter(model, tmp_path / "b", 2, r=2, lora_alpha=2, target_parameters=["mlp.gate.weight"])}
+    art = stageml.compile(adapters["a"], (torch.randint(0, 128, (2, 7)),), max_adapters=2, max_rank=4,
+                          dynamic_shapes=({0: Dim("batch", max=8), 1: Dim("seq", max=32)},))
+    routers = [s for s in art.tenants["sites"] if not s["experts"]]
+    assert [(s["in_features"], s["out_features"]) for s in routers] == [(64, 4)] * 2  # one router per layer
+    path = str(tmp_path / "router.vmfb")
+    art.save(path)
+    rows = ["a", None, "b", "a"]
+    x = torch.randint(0, 128, (len(rows), 9))
+    with torch.no_grad():
+        expected = {name: adapters[name](x).logits.numpy() for name in adapters}
+        expected[None] = model(x).logits.numpy()
+    for name in adapters:  # the adapter moves tokens to other experts
+        assert any((r != b).any() for r, b in zip(_routed(adapters[name], x), _routed(model, x))), name
+    for policy in ("factorized", "merged"):
+        mod = stageml.load(path, policy=policy)
+        for name in adapters:
+            mod.load_adapter(name, str(tmp_path / name))
+        ys = mod.run_batch(x.numpy(), adapters=rows)
+        for i, name in enumerate(rows):
+            assert rel_err(ys[i], expected[name][i]) <= 1e-4, (policy, i, name)
+        assert rel_err(mod(x.numpy(), adapter="b"), expected["b"]) <= 1e-4, policy
+
+
 @pytest.mark.parametrize("dtype, bound", [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
 def test_half_precision_expert_lora(dtype, bound, tmp_path):
     """A half-precision Mixtral with LoRA on its experts and attention, against the same

@@ -17,6 +17,15 @@ and without its scaling, which becomes a property of each loaded adapter
     %z = torch.aten.add.Tensor (matmul %x, %wt),
            (matmul (matmul %x, (transpose %A)), (transpose %B)), %int1
 
+A parameter site is PEFT's merged 2-D parameter (LoRA through `target_parameters`
+on a Linear's weight, e.g. an MoE router's `mlp.gate.weight`): W + s·(B@A) used as
+a product's weight. Each product becomes a dense site:
+
+    %m = torch.aten.add.Tensor %W, (mul.Scalar (mm %B, %A), %s)    // [out,in] {adapter}
+    %y = torch.aten.mm %x, (transpose %m)
+  → %y = torch.aten.add.Tensor (matmul %x, (transpose %W)),
+           (matmul (matmul %x, (transpose %A')), (transpose %B')), %int1
+
 An expert site is PEFT's merged expert stack (LoRA on MoE experts through
 `target_parameters`, which PEFT folds as `W + s·bmm(lhs, rhs)`), its factors
 A [E·r, in] (expert-major) and B [out, E·r] (the expert index fastest)
@@ -110,19 +119,35 @@ def _site(op):
     return None
 
 
-def _rebuild(op, x, wt, biases, a, b, rank) -> None:
-    """Replaces `op` by x@wt + biases + (x@a^T)@b^T, the factors of rank `rank`."""
+def _site_sum(result, x, wt, biases, a, b, rank) -> ir.Value:
+    """x@wt + biases + (x@a^T)@b^T of type `result`, the factors of rank `rank`, built at the
+    insertion point."""
     (k, n), dtype = vtensor_shape(wt.type)
     x_dims = vtensor_shape(x.type)[0]
+    zero, one = const_int(0, annotate=True), const_int(1, annotate=True)
+    at = timed(torch_d.AtenTransposeIntOp(vtensor_type([k, rank], dtype), a, zero, one))
+    bt = timed(torch_d.AtenTransposeIntOp(vtensor_type([rank, n], dtype), b, zero, one))
+    base = add_biases(timed(torch_d.AtenMatmulOp(result, x, wt)), biases)
+    low = timed(torch_d.AtenMatmulOp(vtensor_type(x_dims[:-1] + [rank], dtype), x, at))
+    delta = timed(torch_d.AtenMatmulOp(result, low, bt))
+    return timed(torch_d.AtenAddTensorOp(result, base, delta, one))
+
+
+def _rebuild(op, x, wt, biases, a, b, rank) -> None:
+    """Replaces `op` by x@wt + biases + (x@a^T)@b^T, the factors of rank `rank`."""
     with ir.InsertionPoint(op), op.location:
-        zero, one = const_int(0, annotate=True), const_int(1, annotate=True)
-        at = timed(torch_d.AtenTransposeIntOp(vtensor_type([k, rank], dtype), a, zero, one))
-        bt = timed(torch_d.AtenTransposeIntOp(vtensor_type([rank, n], dtype), b, zero, one))
-        base = add_biases(timed(torch_d.AtenMatmulOp(op.result.type, x, wt)), biases)
-        low = timed(torch_d.AtenMatmulOp(vtensor_type(x_dims[:-1] + [rank], dtype), x, at))
-        delta = timed(torch_d.AtenMatmulOp(op.result.type, low, bt))
-        total = timed(torch_d.AtenAddTensorOp(op.result.type, base, delta, one))
+        total = _site_sum(op.result.type, x, wt, biases, a, b, rank)
     op.result.replace_all_uses_with(total)
+
+
+def _unflattened(x):
+    """The value `x` [T, k] is a view of with its leading dims unflattened (transformers' MoE
+    blocks flatten [B, S, k] to tokens), or `x`: the sites' per-row factors index its first dim."""
+    source = x
+    while (not isinstance(source.owner, ir.Block) and source.owner.operation.name in ("torch.aten.view", "torch.aten.reshape")
+           and vtensor_shape(source.owner.operation.operands[0].type)[0][-1:] == vtensor_shape(x.type)[0][-1:]):
+        source = source.owner.operation.operands[0]
+    return source if len(vtensor_shape(source.type)[0]) > len(vtensor_shape(x.type)[0]) else x
 
 
 _LAYOUT = ("torch.aten.view", "torch.aten.reshape", "torch.aten.permute", "torch.aten.transpose.int")
@@ -142,14 +167,14 @@ def _layout_of_argument(value):
     return (value, experts_first) if value_time(value) == BindingTime.ADAPTER else None
 
 
-def _expert_site(op):
-    """(W, A, B, scaling, B first in the product) when `op` is PEFT's merged expert stack
-    W + s·bmm(lhs, rhs), else None."""
+def _merged_parameter(op, rank: int):
+    """(W, the product of the delta, s) when `op` is PEFT's merged parameter W + s·delta of
+    a static W of rank `rank` (dimensions), at adapter time, else None."""
     if (op.name != "torch.aten.add.Tensor" or value_time(op.result) != BindingTime.ADAPTER
             or constant(op.operands[2]) != 1):
         return None
     w, delta = op.operands[0], op.operands[1]
-    if value_time(w) != BindingTime.STATIC or len(vtensor_shape(w.type)[0]) != 3:
+    if value_time(w) != BindingTime.STATIC or len(vtensor_shape(w.type)[0]) != rank:
         return None
     scaling = 1.0
     while not isinstance(delta.owner, ir.Block) and delta.owner.operation.name == "torch.aten.mul.Scalar":
@@ -158,9 +183,53 @@ def _expert_site(op):
             return None
         scaling *= factor
         delta = delta.owner.operation.operands[0]
-    if isinstance(delta.owner, ir.Block) or delta.owner.operation.name != "torch.aten.bmm":
+    return None if isinstance(delta.owner, ir.Block) else (w, delta.owner.operation, scaling)
+
+
+def _parameter_site(op):
+    """(W, A, B, scaling) when `op` is PEFT's merged 2-D parameter W + s·(B@A), else None."""
+    merged = _merged_parameter(op, 2)
+    if merged is None or merged[1].name not in ("torch.aten.mm", "torch.aten.matmul"):
         return None
-    lhs, rhs = (_layout_of_argument(v) for v in delta.owner.operation.operands)
+    w, product, scaling = merged
+    b, a = product.operands
+    if not all(isinstance(v.owner, ir.Block) and value_time(v) == BindingTime.ADAPTER for v in (a, b)):
+        return None
+    return w, a, b, scaling
+
+
+def _rebuild_parameter(func, op, w, a, b, rank: int) -> None:
+    """Rebuilds every product x @ transpose(`op`) of the merged parameter `op` = W + s·(B@A)
+    as a dense site x@W^T + (x@A^T)@B^T, the factors of rank `rank`, on x's rows."""
+    (n, k), dtype = vtensor_shape(w.type)
+    for layout in users(op.result):
+        products = users(layout.results[0]) if _swaps(layout) else [layout]
+        for product in products:
+            if (product.name not in ("torch.aten.mm", "torch.aten.matmul") or not _swaps(layout)
+                    or product.operands[1] != layout.results[0] or value_time(product.results[0]) != BindingTime.DYNAMIC):
+                raise CompileError(f"{product.location}: the parameter LoRA factor {arg_name(func, a.arg_number)!r} "
+                                   f"merges into is used by '{product.name}', which cannot be served per request "
+                                   "row; only products x @ W^T of the merged parameter can")
+            with ir.InsertionPoint(product), product.location:
+                wt = timed(torch_d.AtenTransposeIntOp(vtensor_type([k, n], dtype), w, const_int(0, annotate=True),
+                                                      const_int(1, annotate=True)))
+                x, tokens = _unflattened(product.operands[0]), product.results[0].type
+                if x == product.operands[0]:
+                    total = _site_sum(tokens, x, wt, (), a, b, rank)
+                else:  # on x's rows, then viewed back as the product's tokens
+                    rows = _site_sum(vtensor_type(vtensor_shape(x.type)[0][:-1] + [n], dtype), x, wt, (), a, b, rank)
+                    total = timed(torch_d.AtenViewOp(tokens, rows, _int_list([-1, n])))
+            product.results[0].replace_all_uses_with(total)
+
+
+def _expert_site(op):
+    """(W, A, B, scaling, B first in the product) when `op` is PEFT's merged expert stack
+    W + s·bmm(lhs, rhs), else None."""
+    merged = _merged_parameter(op, 3)
+    if merged is None or merged[1].name != "torch.aten.bmm":
+        return None
+    w, product, scaling = merged
+    lhs, rhs = (_layout_of_argument(v) for v in product.operands)
     if lhs is None or rhs is None or lhs[1] == rhs[1]:
         return None  # PEFT's B reaches the product through its permute to (E, out, r), its A does not
     b_first = lhs[1]
@@ -211,6 +280,21 @@ def _expert_record(func, w, a, b, scaling, b_first, rank):
             "scaling": float(scaling), "dtype": DTYPES[dtype], "experts": experts}
 
 
+def _dense_record(func, a, b, k: int, n: int, scaling: float, dtype, rank: int) -> dict:
+    """The site record of a dense site x@W [k → n] + s·(x@A^T)@B^T, its factors checked
+    against PEFT's layout."""
+    r = vtensor_shape(a.type)[0][0]
+    a_name, b_name = (arg_name(func, v.arg_number) for v in (a, b))
+    if vtensor_shape(a.type)[0] != [r, k] or vtensor_shape(b.type)[0] != [n, r]:
+        raise CompileError(f"LoRA factors {a_name!r} and {b_name!r} are not in PEFT's layout "
+                           f"(lora_A [r, {k}], lora_B [{n}, r]): store them as PEFT does")
+    if r > rank:
+        raise CompileError(f"LoRA factor {a_name!r} has rank {r}, above the maximum rank {rank}: "
+                           f"compile with a max rank of at least {r}")
+    return {"lora_A": a_name, "lora_B": b_name, "in_features": k, "out_features": n,
+            "rank": r, "scaling": float(scaling), "dtype": DTYPES[dtype], "experts": 0}
+
+
 def canonicalize(func, rank: int) -> list:
     """Rebuilds every LoRA site of `func`; returns the site records."""
     block = func.regions[0].blocks[0]
@@ -226,6 +310,15 @@ def canonicalize(func, rank: int) -> list:
             padded[a] = (vtensor_type([experts * rank, k], vtensor_shape(a.type)[1]), views[0])
             padded[b] = (vtensor_type([n, experts * rank], vtensor_shape(b.type)[1]), views[1])
             continue
+        parameter = _parameter_site(op)
+        if parameter is not None:
+            w, a, b, scaling = parameter
+            (n, k), dtype = vtensor_shape(w.type)
+            sites.append(_dense_record(func, a, b, k, n, scaling, dtype, rank))
+            _rebuild_parameter(func, op, w, a, b, rank)
+            padded[a] = vtensor_type([rank, k], dtype)
+            padded[b] = vtensor_type([n, rank], dtype)
+            continue
         if op.name != "torch.aten.add.Tensor" or value_time(op.result) != BindingTime.DYNAMIC:
             continue
         site = _site(op)
@@ -233,19 +326,10 @@ def canonicalize(func, rank: int) -> list:
             continue
         x, wt, biases, a, b, scaling = site
         (k, n), dtype = vtensor_shape(wt.type)
-        r = vtensor_shape(a.type)[0][0]
-        a_name, b_name = (arg_name(func, v.arg_number) for v in (a, b))
-        if vtensor_shape(a.type)[0] != [r, k] or vtensor_shape(b.type)[0] != [n, r]:
-            raise CompileError(f"LoRA factors {a_name!r} and {b_name!r} are not in PEFT's layout "
-                               f"(lora_A [r, {k}], lora_B [{n}, r]): store them as PEFT does")
-        if r > rank:
-            raise CompileError(f"LoRA factor {a_name!r} has rank {r}, above the maximum rank {rank}: "
-                               f"compile with a max rank of at least {r}")
+        sites.append(_dense_record(func, a, b, k, n, scaling, dtype, rank))
         _rebuild(op, x, wt, biases, a, b, rank)
         padded[a] = vtensor_type([rank, k], dtype)
         padded[b] = vtensor_type([n, rank], dtype)
-        sites.append({"lora_A": a_name, "lora_B": b_name, "in_features": k, "out_features": n,
-                      "rank": r, "scaling": float(scaling), "dtype": DTYPES[dtype], "experts": 0})
     erase_dead_ops(block)
     for arg, type_ in padded.items():
         if isinstance(type_, tuple):  # an expert site's factor, read by its per-expert view only
@@ -273,9 +357,9 @@ class LoraSitesOptions:
 def run(module_op, options, stats) -> None:
     sites = [site for func in programs(module_op) for site in canonicalize(func, options.max_rank)]
     if not sites:
-        raise CompileError("the model has no LoRA site (x@W + s*(x@A^T)@B^T, or an MoE expert stack "
-                           "W + s*bmm(B, A), with adapter-time PEFT lora_A/lora_B weights): compile a PEFT "
-                           "LoRA model, or compile without max_adapters")
+        raise CompileError("the model has no LoRA site (x@W + s*(x@A^T)@B^T, a merged parameter W + s*(B@A), "
+                           "or an MoE expert stack W + s*bmm(B, A), with adapter-time PEFT lora_A/lora_B weights): "
+                           "compile a PEFT LoRA model, or compile without max_adapters")
     facts.put(module_op, facts.SITES, sites)
     facts.put(module_op, facts.TENANTS, {"max_adapters": options.max_adapters, "max_rank": options.max_rank})
     stats["lora-site"] += len(sites)

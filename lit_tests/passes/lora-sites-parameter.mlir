@@ -1,0 +1,41 @@
+// RUN: stageml-opt %s -p 'lora-sites{max-rank=8,max-adapters=4}' | filecheck %s
+
+// PEFT's LoRA on a parameter (`target_parameters=["mlp.gate.weight"]`, an MoE
+// router of 6 experts, rank 2), on bt-propagate's output: the merged weight
+// W + 2.0*(B@A) multiplies the block's flattened tokens. It becomes a dense
+// site on the tokens' rows [B, S, 64] (the per-row factors index rows), viewed
+// back as tokens; the merged weight is gone.
+// (lora-sites-parameter-error.mlir: a merged parameter used otherwise.)
+
+// CHECK:         module attributes {
+// CHECK-SAME:      bt.sites = [{dtype = "float32", experts = 0 : i64, in_features = 64 : i64, lora_A = "mlp.gate.lora_A.default.weight", lora_B = "mlp.gate.lora_B.default.weight", out_features = 6 : i64, rank = 2 : i64, scaling = 2.000000e+00 : f64}]
+// CHECK-LABEL: func.func @main
+// CHECK-SAME:    %arg1: !torch.vtensor<[8,64],f32> {bt.name = "mlp.gate.lora_A.default.weight", bt.time = #bt.time<"adapter">}
+// CHECK-SAME:    %arg2: !torch.vtensor<[6,8],f32> {bt.name = "mlp.gate.lora_B.default.weight", bt.time = #bt.time<"adapter">}
+// CHECK-NOT:     torch.aten.mm %arg2
+// CHECK:         %[[WT:[0-9]+]] = torch.aten.transpose.int %arg0, {{.*}} {bt.time = #bt.time<"static">} : {{.*}} -> !torch.vtensor<[64,6],f32>
+// CHECK:         %[[AT:[0-9]+]] = torch.aten.transpose.int %arg1, {{.*}} -> !torch.vtensor<[64,8],f32>
+// CHECK-NEXT:    %[[BT:[0-9]+]] = torch.aten.transpose.int %arg2, {{.*}} -> !torch.vtensor<[8,6],f32>
+// CHECK-NEXT:    %[[Y:[0-9]+]] = torch.aten.matmul %arg3, %[[WT]] {bt.time = #bt.time<"dynamic">} : {{.*}} -> !torch.vtensor<[?,?,6],f32>
+// CHECK-NEXT:    %[[T:[0-9]+]] = torch.aten.matmul %arg3, %[[AT]] {{.*}} -> !torch.vtensor<[?,?,8],f32>
+// CHECK-NEXT:    %[[U:[0-9]+]] = torch.aten.matmul %[[T]], %[[BT]] {{.*}} -> !torch.vtensor<[?,?,6],f32>
+// CHECK-NEXT:    %[[Z:[0-9]+]] = torch.aten.add.Tensor %[[Y]], %[[U]], %{{.*}} {bt.time = #bt.time<"dynamic">}
+// CHECK:         %[[R:[0-9]+]] = torch.aten.view %[[Z]], %{{.*}} {bt.time = #bt.time<"dynamic">} : !torch.vtensor<[?,?,6],f32>, !torch.list<int> -> !torch.vtensor<[?,6],f32>
+// CHECK-NEXT:    return %[[R]]
+// CHECK-NOT:     torch.aten.mul.Scalar
+
+func.func @main(%arg0: !torch.vtensor<[6,64],f32> {bt.name = "mlp.gate.base_layer.weight", bt.time = #bt.time<"static">}, %arg1: !torch.vtensor<[2,64],f32> {bt.name = "mlp.gate.lora_A.default.weight", bt.time = #bt.time<"adapter">}, %arg2: !torch.vtensor<[6,2],f32> {bt.name = "mlp.gate.lora_B.default.weight", bt.time = #bt.time<"adapter">}, %arg3: !torch.vtensor<[?,?,64],f32> {bt.name = "x", bt.time = #bt.time<"dynamic">}) -> !torch.vtensor<[?,6],f32> attributes {bt.program = "main"} {
+  %int0 = torch.constant.int 0 {bt.time = #bt.time<"static">}
+  %int1 = torch.constant.int 1 {bt.time = #bt.time<"static">}
+  %int-1 = torch.constant.int -1 {bt.time = #bt.time<"static">}
+  %int64 = torch.constant.int 64 {bt.time = #bt.time<"static">}
+  %float2.000000e00 = torch.constant.float 2.000000e+00 {bt.time = #bt.time<"static">}
+  %0 = torch.prim.ListConstruct %int-1, %int64 {bt.time = #bt.time<"static">} : (!torch.int, !torch.int) -> !torch.list<int>
+  %1 = torch.aten.view %arg3, %0 {bt.time = #bt.time<"dynamic">} : !torch.vtensor<[?,?,64],f32>, !torch.list<int> -> !torch.vtensor<[?,64],f32>
+  %2 = torch.aten.mm %arg2, %arg1 {bt.time = #bt.time<"adapter">} : !torch.vtensor<[6,2],f32>, !torch.vtensor<[2,64],f32> -> !torch.vtensor<[6,64],f32>
+  %3 = torch.aten.mul.Scalar %2, %float2.000000e00 {bt.time = #bt.time<"adapter">} : !torch.vtensor<[6,64],f32>, !torch.float -> !torch.vtensor<[6,64],f32>
+  %4 = torch.aten.add.Tensor %arg0, %3, %int1 {bt.time = #bt.time<"adapter">} : !torch.vtensor<[6,64],f32>, !torch.vtensor<[6,64],f32>, !torch.int -> !torch.vtensor<[6,64],f32>
+  %5 = torch.aten.transpose.int %4, %int0, %int1 {bt.time = #bt.time<"adapter">} : !torch.vtensor<[6,64],f32>, !torch.int, !torch.int -> !torch.vtensor<[64,6],f32>
+  %6 = torch.aten.mm %1, %5 {bt.time = #bt.time<"dynamic">} : !torch.vtensor<[?,64],f32>, !torch.vtensor<[64,6],f32> -> !torch.vtensor<[?,6],f32>
+  return %6 : !torch.vtensor<[?,6],f32>
+}
