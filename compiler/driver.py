@@ -81,6 +81,7 @@ class Compilation:
     stages: dict = dataclasses.field(default_factory=dict)  # argument name → BindingTime
     context: object = None                     # torch-mlir context of the torch-side stages
     vmfb: bytes | None = None
+    iree_flags: list = dataclasses.field(default_factory=list)  # what iree-compile compiled the residual with
 
 
 def _count_ops(module) -> dict:
@@ -139,7 +140,19 @@ def _iree(c: Compilation) -> None:
 
 def _vmfb(c: Compilation) -> None:
     target = get_target(c.options)
-    c.vmfb = lowering.compile_module(lowering.text(c.module), "the residual", target.backend, target.flags(c.module))
+    text, choices = lowering.text(c.module), target.flag_choices(c.module)
+    for flags, fallback in zip(choices, choices[1:] + [None]):
+        try:
+            c.vmfb = lowering.compile_module(text, "the residual", target.backend, flags)
+        except lowering.CompilerCrash:
+            if fallback is None:
+                raise
+            if c.options.verbose:
+                print(f"[stageml] iree-compile crashed with {' '.join(f for f in flags if f not in fallback)}; "
+                      f"compiling with {' '.join(f for f in fallback if f not in flags)}", file=sys.stderr, flush=True)
+            continue
+        c.iree_flags = flags
+        return
 
 
 STEPS = {"bt": _bt, "split": _split, "linalg": _linalg, "iree": _iree, "vmfb": _vmfb}
@@ -256,6 +269,7 @@ def compile(model, args=None, *, dynamic_shapes=None, options: CompileOptions) -
     art.report = Report.from_stats(c.ops, c.stats, kernels=get_target(options).counts_kernels)
     art.report.folded_values = len(c.folded)
     art.report.folded_bytes = sum(v.nbytes for v in c.folded.values())
+    art.report.iree_flags = c.iree_flags
     if options.emit != "vmfb":
         return art
     _finish(art, c)

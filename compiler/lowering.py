@@ -51,13 +51,19 @@ def to_linalg(split: ir.Module) -> iree_ir.Module:
     return to_iree(split)
 
 
+class CompilerCrash(CompileError):
+    """iree-compile crashed (stopped without a diagnostic)."""
+
+
 def compile_module(module_text: str, what: str, backend: str, flags: list) -> bytes:
     """Compiles IREE input for `backend` with `flags`."""
     try:
         return iree_compiler.compile_str(module_text, target_backends=[backend], extra_args=list(flags))
     except iree_compiler.CompilerToolError as e:
-        crashed = "error: iree-compile stopped without a diagnostic (an IREE crash: dump_dir= keeps the input to report)"
-        lines = [l for l in str(e).splitlines() if "error:" in l] or [crashed]
+        lines = [l for l in str(e).splitlines() if "error:" in l]
+        if not lines:
+            raise CompilerCrash(f"IREE failed to compile {what}: iree-compile stopped without a diagnostic (an IREE "
+                                "crash: dump_dir= keeps the input to report)") from e
         where, _, message = lines[0].rpartition("error:")
         where = f" at {where.strip().rstrip(':')}" if where.strip() else ""  # the model's source line, when known
         raise CompileError(f"IREE failed to compile {what}{where}: {message.strip()}") from e

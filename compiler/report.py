@@ -12,6 +12,7 @@ class Report:
     folded_values: int = 0
     folded_bytes: int = 0
     custom_kernels: dict | None = None  # sm90: kernel -> dispatches using it
+    iree_flags: list = dataclasses.field(default_factory=list)  # the residual's iree-compile flags
 
     @classmethod
     def from_stats(cls, ops: dict, stats: collections.Counter, kernels: bool = False) -> "Report":
@@ -30,6 +31,8 @@ class Report:
                  "rewrites: " + (", ".join(f"{k} x{v}" for k, v in sorted(self.rewrites.items())) or "none"),
                  "lifted values: " + (", ".join(f"{k} {v}" for k, v in self.lifted.items()) or "none"),
                  f"folded values: {self.folded_values} ({self.folded_bytes / 2**20:.2f} MiB)"]
+        if self.iree_flags:
+            lines.append("iree-compile flags: " + " ".join(self.iree_flags))
         if self.custom_kernels is not None:
             lines.append("custom kernels: " + (", ".join(f"{k} x{v}" for k, v in sorted(self.custom_kernels.items()))
                                                or "none"))

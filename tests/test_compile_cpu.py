@@ -8,6 +8,7 @@ from torch.export import Dim
 import stageml
 from models import MLP, LoraLinear, peft_llama, rel_err
 from stageml.compiler import facts
+from stageml.errors import CompileError
 
 
 def _stage_ops(split_text: str, stage: str) -> list:
@@ -242,6 +243,48 @@ def test_half_precision_llama(tmp_path, dtype, bound):
         x = torch.randint(0, 128, shape)
         with torch.no_grad():
             assert rel_err(mod(x), reference(x)) <= bound, shape
+
+
+def test_a_crash_of_iree_compile_takes_the_next_data_tiling_path(monkeypatch, tmp_path, capsys):
+    """When iree-compile crashes (no diagnostic), the residual is compiled with the target's
+    next flags (the CPU's next data-tiling path), said in the progress output and in the
+    report; an ordinary error is not retried."""
+    from stageml.compiler import lowering
+    from stageml.compiler.options import CompileOptions
+    from stageml.compiler.targets import get_target
+
+    compile_module, tried = lowering.compile_module, []
+
+    def crash_first(text, what, backend, flags):
+        if what != "the residual":  # partial evaluation's own compiles
+            return compile_module(text, what, backend, flags)
+        tried.append(list(flags))
+        if len(tried) == 1:
+            raise lowering.CompilerCrash("IREE failed to compile the residual: iree-compile stopped without a diagnostic")
+        return compile_module(text, what, backend, flags)
+
+    monkeypatch.setattr(lowering, "compile_module", crash_first)
+    model = MLP().eval()
+    art = stageml.compile(model, (torch.randn(3, 32),), dynamic_shapes=({0: Dim("batch", max=16)},), verbose=True)
+    choices = get_target(CompileOptions()).flag_choices(None)
+    assert tried == choices[:2] and art.report.iree_flags == choices[1]
+    assert ("iree-compile crashed with --iree-opt-data-tiling; compiling with --iree-global-opt-data-tiling"
+            in capsys.readouterr().err)
+    x = torch.randn(5, 32)
+    with torch.no_grad():
+        assert rel_err(art.load(str(tmp_path / "mlp.vmfb"))(x), model(x)) <= 1e-5
+
+    def fail(text, what, backend, flags):
+        if what != "the residual":
+            return compile_module(text, what, backend, flags)
+        tried.append(list(flags))
+        raise CompileError("IREE failed to compile the residual: an error")
+
+    tried.clear()
+    monkeypatch.setattr(lowering, "compile_module", fail)
+    with pytest.raises(CompileError, match="an error"):
+        stageml.compile(model, (torch.randn(3, 32),))
+    assert len(tried) == 1
 
 
 def test_torch_tensors_in_torch_tensors_out(tmp_path):

@@ -14,14 +14,19 @@ _COMMON = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attentio
                max_position_embeddings=64, use_cache=False)
 # Tiny random-weight configs of each family's layout: Mixtral's [E, 2I, H] stacks with
 # softmax-then-top-k routing, Qwen3-MoE's and OLMoE's (top-k of 8 experts), and GPT-OSS's
-# transposed, biased stacks with interleaved gate/up; DeepSeek-V3's grouped routing (top-k of
-# groups, then of experts) with a shared expert. Two layers: each routes on its own.
+# transposed, biased stacks with interleaved gate/up; Qwen2-MoE's shared expert behind a sigmoid
+# gate (iree-compile's default data-tiling path crashes on it: the CPU target's next one compiles
+# it); DeepSeek-V3's grouped routing (top-k of groups, then of experts) with a shared expert. Two
+# layers: each routes on its own.
 FAMILIES = {
     "mixtral": lambda: transformers.MixtralConfig(intermediate_size=96, num_local_experts=4,
                                                   num_experts_per_tok=2, **_COMMON),
     "qwen3_moe": lambda: transformers.Qwen3MoeConfig(intermediate_size=96, moe_intermediate_size=48, num_experts=8,
                                                      num_experts_per_tok=2, head_dim=16, **_COMMON),
     "olmoe": lambda: transformers.OlmoeConfig(intermediate_size=96, num_experts=8, num_experts_per_tok=2, **_COMMON),
+    "qwen2_moe": lambda: transformers.Qwen2MoeConfig(intermediate_size=96, moe_intermediate_size=48, num_experts=8,
+                                                     shared_expert_intermediate_size=96, num_experts_per_tok=2,
+                                                     **_COMMON),
     "gpt_oss": lambda: transformers.GptOssConfig(intermediate_size=96, num_local_experts=4, num_experts_per_tok=2,
                                                  head_dim=16, sliding_window=8,
                                                  layer_types=["sliding_attention", "full_attention"], **_COMMON),
@@ -415,11 +420,12 @@ def test_expert_lora_bad_adapters_change_nothing(tenants, tmp_path):
     assert mod.stats() == before and mod.adapters == ["a"]
 
 
-@pytest.mark.parametrize("family", ["gpt_oss", "qwen3_moe", "olmoe"])
+@pytest.mark.parametrize("family", ["gpt_oss", "qwen3_moe", "olmoe", "qwen2_moe"])
 def test_expert_lora_tenants_of_other_families(family, tmp_path):
     """Rows of two tenants (one rsLoRA) and the base model on the other families' layouts: GPT-OSS's
     stacks are [E, in, out] with biases and interleaved gate/up, so the per-tenant factors multiply
-    the other way round (x @ A_eᵀ then B_eᵀ); Qwen3-MoE and OLMoE route top-2 of 8 experts."""
+    the other way round (x @ A_eᵀ then B_eᵀ); Qwen3-MoE, OLMoE and Qwen2-MoE route top-2 of 8
+    experts (Qwen2-MoE beside its shared expert)."""
     _seeded()
     model = transformers.AutoModelForCausalLM.from_config(FAMILIES[family]()).eval()
     a = _expert_adapter(model, tmp_path / "a", 1, r=4, lora_alpha=8, target_modules=["q_proj"],

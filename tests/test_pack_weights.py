@@ -198,6 +198,23 @@ def test_host_target():
     assert parse_pipeline("pack-weights{cpu=znver4}") == [("pack-weights", PackWeightsOptions(cpu="znver4"))]
 
 
+@pytest.mark.parametrize("half, features, paths", [
+    (set(), frozenset(), ["--iree-opt-data-tiling", "--iree-global-opt-data-tiling", "--iree-opt-data-tiling=false"]),
+    ({"f16"}, frozenset(), ["--iree-global-opt-data-tiling", "--iree-opt-data-tiling=false"]),
+    ({"bf16"}, frozenset({"avx512bf16"}), ["--iree-global-opt-data-tiling", "--iree-opt-data-tiling=false"]),
+    ({"bf16"}, frozenset({"avx2"}), ["--iree-opt-data-tiling=false"]),
+])
+def test_data_tiling_paths_best_first(monkeypatch, half, features, paths):
+    """f32 takes the dispatch-creation path, then the global-optimization one, then none;
+    half precision skips the first (it fails on half attention), bf16 without avx512bf16
+    the second too (it crashes iree-compile there)."""
+    monkeypatch.setattr(cpu_target, "_half_types", lambda module: half)
+    target = CpuTarget("host")
+    target.features = features
+    assert [flags[1] for flags in target.flag_choices(object())] == paths
+    assert target.flags(object()) == target.flag_choices(object())[0]
+
+
 def test_host_features_without_detection_fall_back_to_the_baseline(monkeypatch):
     monkeypatch.setattr(cpu_target, "_iree_features", lambda: None)
     monkeypatch.setattr(cpu_target, "_proc_features", lambda: None)

@@ -2,7 +2,8 @@
 
 A target knows the IREE backend and runtime device, the IREE-side passes
 that make the residual's IREE input ready for it (`passes`), the flags
-iree-compile needs (`flags`), and what the manifest records about it
+iree-compile needs (`flags`, and `flag_choices` where a crash of
+iree-compile has a workaround), and what the manifest records about it
 (`describe`). Adding a target is one file here plus a line in TARGETS.
 """
 
@@ -30,6 +31,11 @@ class Target:
     def flags(self, module) -> list:
         """iree-compile flags for the residual `module` (IREE input, IREE's bindings)."""
         return []
+
+    def flag_choices(self, module) -> list:
+        """The flags to compile `module` with, best first: each next one is tried when
+        iree-compile crashed on the one before."""
+        return [self.flags(module)]
 
     def describe(self) -> dict:
         """What the manifest records about the target."""

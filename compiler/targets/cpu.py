@@ -130,8 +130,9 @@ def f32_tiles(arch: str, features: frozenset) -> tuple:
     return tuple(ladder) + ((None, m0, n0, 1),)
 
 
-def _data_tiling(module, features: frozenset) -> str:
-    """IREE's data-tiling flag for `module` (the residual's IREE input, or None).
+def _data_tiling(module, features: frozenset) -> tuple:
+    """IREE's data-tiling flags for `module` (the residual's IREE input, or None), best
+    first: the next one is the workaround when iree-compile crashes on the one before.
 
     `--iree-opt-data-tiling` picks IREE 3.13's dispatch-creation path, which fails on
     half-precision attention (a transpose + f16→f32 extension feeding a batch matmul's
@@ -141,11 +142,15 @@ def _data_tiling(module, features: frozenset) -> str:
     was 1.6-1.9x slower on a 2-layer Llama (AMD EPYC Zen 3), so only modules with f16 or
     bf16 tensors take it. On a CPU without avx512bf16 (AVX2 only: AMD EPYC Zen 3) that path
     crashes iree-compile on bf16 models (tiny Llama, Mixtral, the tenant and expert-LoRA
-    tests), so bf16 there is compiled without data tiling."""
+    tests), so bf16 there is compiled without data tiling. Other modules crash the
+    dispatch-creation path too (Qwen2-MoE in f32: a linalg.pack of a 1-D matmul
+    accumulator lowered to loops); they compile by the global-optimization path."""
     half = _half_types(module) if module is not None else set()
     if "bf16" in half and "avx512bf16" not in features:
-        return "--iree-opt-data-tiling=false"
-    return "--iree-global-opt-data-tiling" if half else "--iree-opt-data-tiling"
+        return ("--iree-opt-data-tiling=false",)
+    if half:
+        return ("--iree-global-opt-data-tiling", "--iree-opt-data-tiling=false")
+    return ("--iree-opt-data-tiling", "--iree-global-opt-data-tiling", "--iree-opt-data-tiling=false")
 
 
 def _half_types(module) -> set:
@@ -193,10 +198,13 @@ class CpuTarget(Target):
         return f32_tiles(self.arch, self.features) if element == "f32" else ()
 
     def flags(self, module=None) -> list:
+        return self.flag_choices(module)[0]
+
+    def flag_choices(self, module=None) -> list:
         # Measured on a 2-core CPU to matter 4x for weight-heavy residuals (DESIGN.md):
         # what layout work is left is done once, at load time, not per request.
-        return [f"--iree-llvmcpu-target-cpu={self.cpu}", _data_tiling(module, self.features),
-                "--iree-opt-const-eval", "--iree-opt-const-expr-hoisting"]
+        return [[f"--iree-llvmcpu-target-cpu={self.cpu}", tiling, "--iree-opt-const-eval",
+                 "--iree-opt-const-expr-hoisting"] for tiling in _data_tiling(module, self.features)]
 
     def passes(self) -> list:
         from stageml.compiler.passes.pack_weights import PackWeightsOptions
