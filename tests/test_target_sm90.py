@@ -257,6 +257,32 @@ def test_sm90_bgmv_rewrite_matches_peft_on_the_cpu(tmp_path):
     assert rel_err(mod.run_batch(x, ["a", None, "a", "a"]), expected) <= 2e-3
 
 
+def test_sm90_moe_rewrites_match_transformers_on_the_cpu(tmp_path):
+    """A half-precision Mixtral on the sm90 pipeline with the kernels' CPU references: each
+    routed row's product with its expert's matrix (gathered by the routed id, per row and in
+    blocks of one expert) takes the BGMV kernel, the dense products the GEMM; against the
+    same weights in float64."""
+    import transformers
+    from test_moe import FAMILIES, _decisively_routed, _seeded
+
+    _seeded()
+    model = transformers.AutoModelForCausalLM.from_config(FAMILIES["mixtral"]()).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):  # a router as decisive as a trained one, not near-uniform
+                p.mul_(20)
+    model = model.half()
+    art = stageml.compile(model, (torch.randint(0, 128, (2, 7)),), target="sm90", custom_kernels="reference",
+                          dynamic_shapes=({0: Dim("batch", max=8), 1: Dim("seq", max=32)},))
+    assert art.report.custom_kernels == {"stageml_bgmv": 8, "stageml_gemm": 5}  # 2 layers x 2 stacks x 2 forms
+    mod = art.load(str(tmp_path / "mixtral.vmfb"))
+    reference = model.double()
+    reference.config._experts_implementation = "eager"
+    for shape in [(1, 1), (2, 7), (4, 20)]:  # 4 x 20: 160 routed rows, in blocks
+        x, expected = _decisively_routed(reference, shape, margin=0.05, tries=300)
+        assert rel_err(mod(x), expected) <= 2e-3, shape
+
+
 @pytest.mark.parametrize("tokens", [None, 5], ids=["one-token", "multi-token"])
 def test_sm90_tenant_rewrites_match_peft_on_the_cpu(tmp_path, tokens):
     """A multi-tenant site with the kernels' CPU references, against PEFT: rows of
