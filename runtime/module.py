@@ -251,7 +251,13 @@ class ResidualModule:
             else:
                 arguments.push_ref(self._buffer_view(value).ref)
         results = iree_rt.VmVariantList(len(entry["results"]))
-        self._context.invoke(self._functions[entry["symbol"]], arguments, results)
+        try:
+            self._context.invoke(self._functions[entry["symbol"]], arguments, results)
+        except RuntimeError as e:  # the residual's own checks (cf.assert) fail a call as FAILED_PRECONDITION
+            refused = str(e).partition("FAILED_PRECONDITION;")[2].strip().split(";")[0].strip()
+            if not refused:
+                raise
+            raise InputError(f"the residual refused the call: {refused}") from None
         arrays = [iree_rt.DeviceArray(self._config.device, results.get_as_object(i, iree_rt.HalBufferView),
                                       implicit_host_transfer=True, override_dtype=numpy_dtype(r["dtype"]))
                   for i, r in enumerate(entry["results"])]

@@ -425,10 +425,12 @@ def test_expert_lora_tenants_of_other_families(family, tmp_path):
     """Rows of two tenants (one rsLoRA) and the base model on the other families' layouts: GPT-OSS's
     stacks are [E, in, out] with biases and interleaved gate/up, so the per-tenant factors multiply
     the other way round (x @ A_eᵀ then B_eᵀ); Qwen3-MoE, OLMoE and Qwen2-MoE route top-2 of 8
-    experts (Qwen2-MoE beside its shared expert)."""
+    experts. Qwen2-MoE's shared expert, with LoRA too, runs on the block's flattened tokens:
+    each takes its row's adapter."""
     _seeded()
     model = transformers.AutoModelForCausalLM.from_config(FAMILIES[family]()).eval()
-    a = _expert_adapter(model, tmp_path / "a", 1, r=4, lora_alpha=8, target_modules=["q_proj"],
+    shared = ["gate_proj", "up_proj", "down_proj"] if family == "qwen2_moe" else []  # on the block's flattened tokens
+    a = _expert_adapter(model, tmp_path / "a", 1, r=4, lora_alpha=8, target_modules=["q_proj", *shared],
                         target_parameters=EXPERTS)
     b = _expert_adapter(model, tmp_path / "b", 2, r=2, lora_alpha=4, use_rslora=True, target_parameters=EXPERTS)
     art = stageml.compile(a, (torch.randint(0, 128, (2, 7)),), max_adapters=2, max_rank=4,

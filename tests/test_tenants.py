@@ -143,6 +143,50 @@ def linear(tmp_path_factory):
             "iree": art.mlir["iree"]}
 
 
+class EveryOtherToken(torch.nn.Module):
+    """A linear layer on every other token of the batch's flattened [B, S] tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 48)
+
+    def forward(self, x):
+        return self.fc(x.reshape(-1, 64)[::2])
+
+
+def test_site_on_flattened_tokens_serves_each_tokens_row_and_refuses_uneven_rows(tmp_path):
+    """A LoRA site whose input rows are the request rows' tokens (a multiple of the rows, in
+    their order) gives each token its row's adapter; rows that are no multiple fail the call
+    with a clear error instead of reading past the slots, and the module serves on."""
+    from peft import LoraConfig, get_peft_model
+
+    seed = torch.seed()
+    print("seed", seed)
+    model = get_peft_model(EveryOtherToken(), LoraConfig(r=4, target_modules=["fc"], init_lora_weights=False)).eval()
+    art = stageml.compile(model, (torch.randn(4, 2, 64),), max_adapters=2, max_rank=4,
+                          dynamic_shapes=({0: Dim("b", max=16), 1: Dim("s", max=8)},))
+    mod = art.load(str(tmp_path / "tokens.vmfb"), policy="factorized")
+    mod.load_adapter("a", {k: v for k, v in model.state_dict().items() if "lora_" in k},
+                     config=model.peft_config["default"])
+    for rows, tokens in ((7, 2), (2, 4)):  # one kept token per row; two per row
+        names = ["a" if i % 2 == 0 else None for i in range(rows)]
+        x = torch.randn(rows, tokens, 64)
+        y = mod.run_batch(x, names)
+        with torch.no_grad():
+            adapted = model(x)
+            with model.disable_adapter():
+                base = model(x)
+        per = rows * tokens // 2 // rows  # kept tokens per row
+        for t in range(y.shape[0]):
+            expected = adapted[t] if names[t // per] == "a" else base[t]
+            assert rel_err(y[t], expected) <= 1e-4, (rows, tokens, t)
+    with pytest.raises(stageml.StageMLError, match="input rows are not a multiple of the request rows"):
+        mod.run_batch(torch.randn(3, 3, 64), ["a", None, "a"])  # 5 kept tokens for 3 rows
+    x = torch.randn(2, 4, 64)
+    with torch.no_grad():
+        assert rel_err(mod.run_batch(x, ["a", "a"]), model(x)) <= 1e-4
+
+
 def _factors(seed, rank=4):
     g = torch.Generator().manual_seed(seed)
     return {A: torch.randn(rank, 64, generator=g) / 8, B: torch.randn(48, rank, generator=g)}

@@ -5,15 +5,18 @@ each request row: the stack it indexes is the value's per-slot copies
 
     %l = "bt.lift"(%at) {from = adapter, to = dynamic, name = "adapter.0"}
     %y = torch.aten.matmul %x, %l : [B,T,K], [K,N] -> [B,T,N]
-  → %g = "bt.gather"(%at, %adapter_ids) {from = adapter, to = dynamic, name = "adapter.0",
-                                          stack = "slots"} : [K,N], [?] -> [?,K,N]
+  → %s = flatten (broadcast_to (unsqueeze %adapter_ids, 1), [b, B / b])  // asserted whole
+    %g = "bt.gather"(%at, %s) {from = adapter, to = dynamic, name = "adapter.0",
+                               stack = "slots"} : [K,N], [?] -> [?,K,N]
     %y = torch.aten.matmul %x, %g : [B,T,K], [?,K,N] -> [B,T,N]  // row b uses %g[b]
 
 `adapter_ids` ([?] si64, one slot per row) becomes the last request input.
 Rows are the leading dimension of the product's input (a 2-D input is
-unsqueezed to [B,1,K]); when an input's leading dimension is not the request
-rows, the batch dimensions disagree and the residual fails at run time
-instead of mixing tenants. An expert stack's per-expert LoRA factors ([E, in, R], expert-factors')
+unsqueezed to [B,1,K]): the request rows, or a multiple of them in their
+order (transformers flattens [B, S] to B·S tokens in MoE blocks: the router,
+Qwen2-MoE's shared expert), each taking the slot of its request row. Any
+other count fails the call (a runtime assertion), never reads past the
+slots. An expert stack's per-expert LoRA factors ([E, in, R], expert-factors')
 selected by routed expert ids are gathered by entry (`stack =
 "slot_entries"`): a routed row's entry is slot·E + e, its slot that of the
 request row its token comes from:
@@ -29,8 +32,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 
 from stageml.binding_time import BindingTime
-from stageml.compiler.ir import (NAME, TIME, const_int, parse_time, set_arg_attr, time_attr, timed, users,
-                                 vtensor_shape, vtensor_type)
+from stageml.compiler.ir import (NAME, TIME, const_int, parse_time, set_arg_attr, set_op_time, time_attr, timed,
+                                 users, vtensor_shape, vtensor_type)
 from stageml.compiler import facts
 from stageml.compiler.passes import program_of, programs, register
 from stageml.errors import CompileError
@@ -38,6 +41,8 @@ from stageml.errors import CompileError
 IDS = facts.IDS
 SLOTS = "slots"  # bt.gather's stack: the per-slot copies of an adapter-time value
 SLOT_ENTRIES = "slot_entries"  # the entries (slot·E + e) of the per-slot copies of an expert stack
+UNEVEN_ROWS = ("a LoRA site's input rows are not a multiple of the request rows, so its per-row adapters cannot "
+               "serve this batch: pass rows that split evenly, or one adapter per call under policy='merged'")
 
 
 def _ids_argument(func) -> ir.Value:
@@ -69,19 +74,38 @@ def _per_row_product(product, rows: ir.Value) -> None:
     product.erase()
 
 
-def _entry_ids(ids: ir.Value, entries: ir.Value, experts: int, cache: dict) -> ir.Value:
-    """slot·E + e for each routed row: the rows (a multiple of the request rows, in their
-    order: transformers flattens [B, S] tokens, StageML's experts repeat each token k times)
-    take the slot of the request row they come from."""
-    if entries not in cache:
-        n = timed(torch_d.AtenSizeIntOp(entries, const_int(0, annotate=True)))
+def _row_slots(ids: ir.Value, rows: ir.Value, cache: dict) -> ir.Value:
+    """The slot of each row of `rows` (its leading dimension): the request rows, or a multiple
+    of them in their order (transformers flattens [B, S] tokens, StageML's experts repeat each
+    token k times), each taking the slot of the request row it comes from. Any other count
+    fails the call (an assertion) instead of reading past the slots."""
+    if ("slots", rows) not in cache:
+        n = timed(torch_d.AtenSizeIntOp(rows, const_int(0, annotate=True)))
         b = timed(torch_d.AtenSizeIntOp(ids, const_int(0, annotate=True)))
         per = timed(torch_d.AtenFloordivIntOp(n, b))
+        whole = timed(torch_d.AtenEqIntOp(timed(torch_d.AtenMulIntOp(b, per)), n))
+        set_op_time(torch_d.RuntimeAssertOp(whole, UNEVEN_ROWS).operation, BindingTime.DYNAMIC)
         column = timed(torch_d.AtenUnsqueezeOp(vtensor_type([None, 1], "si64"), ids, const_int(1, annotate=True)))
         sizes = timed(torch_d.PrimListConstructOp(ir.Type.parse("!torch.list<int>"), [b, per]))
         spread = timed(torch_d.AtenBroadcastToOp(vtensor_type([None, None], "si64"), column, sizes))
-        slots = timed(torch_d.AtenFlattenUsingIntsOp(vtensor_type([None], "si64"), spread,
-                                                      const_int(0, annotate=True), const_int(1, annotate=True)))
+        cache["slots", rows] = timed(torch_d.AtenFlattenUsingIntsOp(vtensor_type([None], "si64"), spread,
+                                                                   const_int(0, annotate=True),
+                                                                   const_int(1, annotate=True)))
+    return cache["slots", rows]
+
+
+def _slot_gather(lift, slots: ir.Value, dims: list, dtype) -> ir.Value:
+    """bt.gather of the lifted value's per-slot copies by `slots`, at the insertion point."""
+    return ir.Operation.create(
+        "bt.gather", results=[vtensor_type([None] + dims, dtype)], operands=[lift.operands[0], slots],
+        attributes={"from": lift.attributes["from"], "to": lift.attributes["to"], "name": lift.attributes["name"],
+                    "stack": ir.StringAttr.get(SLOTS), TIME: lift.attributes[TIME]}).result
+
+
+def _entry_ids(ids: ir.Value, entries: ir.Value, experts: int, cache: dict) -> ir.Value:
+    """slot·E + e for each routed row, its slot that of the request row its token comes from."""
+    if entries not in cache:
+        slots = _row_slots(ids, entries, cache)
         first = timed(torch_d.AtenMulScalarOp(slots.type, slots, const_int(experts, annotate=True)))
         cache[entries] = timed(torch_d.AtenAddTensorOp(slots.type, first, entries, const_int(1, annotate=True)))
     return cache[entries]
@@ -130,14 +154,9 @@ def gather(func) -> int:
                     or user.operands[0] == lift.results[0] or len(vtensor_shape(user.operands[0].type)[0]) < 2):
                 raise CompileError(f"{user.location}: adapter state {name!r} is used by '{user.name}', which "
                                    "cannot be served per request row; only products x @ W with an adapter-time W can")
-        with ir.InsertionPoint(lift), lift.location:
-            rows = ir.Operation.create(
-                "bt.gather", results=[vtensor_type([None] + dims, dtype)], operands=[lift.operands[0], ids],
-                attributes={"from": lift.attributes["from"], "to": lift.attributes["to"],
-                            "name": lift.attributes["name"], "stack": ir.StringAttr.get(SLOTS),
-                            TIME: lift.attributes[TIME]})
         for product in products:
-            _per_row_product(product, rows.result)
+            with ir.InsertionPoint(product), product.location:
+                _per_row_product(product, _slot_gather(lift, _row_slots(ids, product.operands[0], cache), dims, dtype))
         lift.erase()
     return len(lifts)
 

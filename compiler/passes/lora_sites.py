@@ -119,35 +119,19 @@ def _site(op):
     return None
 
 
-def _site_sum(result, x, wt, biases, a, b, rank) -> ir.Value:
-    """x@wt + biases + (x@a^T)@b^T of type `result`, the factors of rank `rank`, built at the
-    insertion point."""
-    (k, n), dtype = vtensor_shape(wt.type)
-    x_dims = vtensor_shape(x.type)[0]
-    zero, one = const_int(0, annotate=True), const_int(1, annotate=True)
-    at = timed(torch_d.AtenTransposeIntOp(vtensor_type([k, rank], dtype), a, zero, one))
-    bt = timed(torch_d.AtenTransposeIntOp(vtensor_type([rank, n], dtype), b, zero, one))
-    base = add_biases(timed(torch_d.AtenMatmulOp(result, x, wt)), biases)
-    low = timed(torch_d.AtenMatmulOp(vtensor_type(x_dims[:-1] + [rank], dtype), x, at))
-    delta = timed(torch_d.AtenMatmulOp(result, low, bt))
-    return timed(torch_d.AtenAddTensorOp(result, base, delta, one))
-
-
 def _rebuild(op, x, wt, biases, a, b, rank) -> None:
     """Replaces `op` by x@wt + biases + (x@a^T)@b^T, the factors of rank `rank`."""
+    (k, n), dtype = vtensor_shape(wt.type)
+    x_dims = vtensor_shape(x.type)[0]
     with ir.InsertionPoint(op), op.location:
-        total = _site_sum(op.result.type, x, wt, biases, a, b, rank)
+        zero, one = const_int(0, annotate=True), const_int(1, annotate=True)
+        at = timed(torch_d.AtenTransposeIntOp(vtensor_type([k, rank], dtype), a, zero, one))
+        bt = timed(torch_d.AtenTransposeIntOp(vtensor_type([rank, n], dtype), b, zero, one))
+        base = add_biases(timed(torch_d.AtenMatmulOp(op.result.type, x, wt)), biases)
+        low = timed(torch_d.AtenMatmulOp(vtensor_type(x_dims[:-1] + [rank], dtype), x, at))
+        delta = timed(torch_d.AtenMatmulOp(op.result.type, low, bt))
+        total = timed(torch_d.AtenAddTensorOp(op.result.type, base, delta, one))
     op.result.replace_all_uses_with(total)
-
-
-def _unflattened(x):
-    """The value `x` [T, k] is a view of with its leading dims unflattened (transformers' MoE
-    blocks flatten [B, S, k] to tokens), or `x`: the sites' per-row factors index its first dim."""
-    source = x
-    while (not isinstance(source.owner, ir.Block) and source.owner.operation.name in ("torch.aten.view", "torch.aten.reshape")
-           and vtensor_shape(source.owner.operation.operands[0].type)[0][-1:] == vtensor_shape(x.type)[0][-1:]):
-        source = source.owner.operation.operands[0]
-    return source if len(vtensor_shape(source.type)[0]) > len(vtensor_shape(x.type)[0]) else x
 
 
 _LAYOUT = ("torch.aten.view", "torch.aten.reshape", "torch.aten.permute", "torch.aten.transpose.int")
@@ -200,7 +184,7 @@ def _parameter_site(op):
 
 def _rebuild_parameter(func, op, w, a, b, rank: int) -> None:
     """Rebuilds every product x @ transpose(`op`) of the merged parameter `op` = W + s·(B@A)
-    as a dense site x@W^T + (x@A^T)@B^T, the factors of rank `rank`, on x's rows."""
+    as a dense site x@W^T + (x@A^T)@B^T, the factors of rank `rank`."""
     (n, k), dtype = vtensor_shape(w.type)
     for layout in users(op.result):
         products = users(layout.results[0]) if _swaps(layout) else [layout]
@@ -213,13 +197,7 @@ def _rebuild_parameter(func, op, w, a, b, rank: int) -> None:
             with ir.InsertionPoint(product), product.location:
                 wt = timed(torch_d.AtenTransposeIntOp(vtensor_type([k, n], dtype), w, const_int(0, annotate=True),
                                                       const_int(1, annotate=True)))
-                x, tokens = _unflattened(product.operands[0]), product.results[0].type
-                if x == product.operands[0]:
-                    total = _site_sum(tokens, x, wt, (), a, b, rank)
-                else:  # on x's rows, then viewed back as the product's tokens
-                    rows = _site_sum(vtensor_type(vtensor_shape(x.type)[0][:-1] + [n], dtype), x, wt, (), a, b, rank)
-                    total = timed(torch_d.AtenViewOp(tokens, rows, _int_list([-1, n])))
-            product.results[0].replace_all_uses_with(total)
+            _rebuild(product, product.operands[0], wt, (), a, b, rank)
 
 
 def _expert_site(op):

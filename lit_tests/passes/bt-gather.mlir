@@ -5,7 +5,10 @@
 // "factorized" program the adapter-time factors reach the request stage
 // through bt.gather (stack = "slots": each row reads its slot's copy) by the
 // new last input adapter_ids, and each product with them becomes a per-row
-// (batched) product; a 2-D input is unsqueezed to rows of 1. The "main"
+// (batched) product. A 2-D input is unsqueezed to rows of 1; its rows may be
+// the request rows' tokens (transformers flattens [B, S] to B·S tokens in MoE
+// blocks), so each takes the slot of its request row, and a count that is not
+// a multiple of the request rows fails the call (the assertion). The "main"
 // program (its LoRA merged by bt-improve) is left alone. The module's
 // bt.tenants is bt-split's (bt-split-resident.mlir), not bt-gather's.
 
@@ -21,12 +24,23 @@
 // CHECK-SAME:    %arg4: !torch.vtensor<[?],si64> {bt.name = "adapter_ids", bt.time = #bt.time<"dynamic">}
 // CHECK-SAME:    attributes {bt.program = "factorized"}
 // CHECK-NOT:     "bt.lift"(%{{[0-9]+}}) {{.*}}from = #bt.time<"adapter">
-// CHECK:         %[[GA:[0-9]+]] = "bt.gather"(%{{[0-9]+}}, %arg4) {bt.time = #bt.time<"dynamic">, from = #bt.time<"adapter">, name = "factorized.adapter.0", stack = "slots", to = #bt.time<"dynamic">} : (!torch.vtensor<[64,16],f32>, !torch.vtensor<[?],si64>) -> !torch.vtensor<[?,64,16],f32>
+// CHECK:         %[[N:[0-9]+]] = torch.aten.size.int %arg3, %{{.*}} -> !torch.int
+// CHECK:         %[[B:[0-9]+]] = torch.aten.size.int %arg4, %{{.*}} -> !torch.int
+// CHECK-NEXT:    %[[PER:[0-9]+]] = torch.aten.floordiv.int %[[N]], %[[B]]
+// CHECK-NEXT:    %[[ALL:[0-9]+]] = torch.aten.mul.int %[[B]], %[[PER]]
+// CHECK-NEXT:    %[[WHOLE:[0-9]+]] = torch.aten.eq.int %[[ALL]], %[[N]]
+// CHECK-NEXT:    torch.runtime.assert %[[WHOLE]], "a LoRA site's input rows are not a multiple of the request rows
+// CHECK:         %[[COLUMN:[0-9]+]] = torch.aten.unsqueeze %arg4, {{.*}} -> !torch.vtensor<[?,1],si64>
+// CHECK-NEXT:    %[[SIZES:[0-9]+]] = torch.prim.ListConstruct %[[B]], %[[PER]]
+// CHECK-NEXT:    %[[SPREAD:[0-9]+]] = torch.aten.broadcast_to %[[COLUMN]], %[[SIZES]]
+// CHECK:         %[[SLOTS:[0-9]+]] = torch.aten.flatten.using_ints %[[SPREAD]], {{.*}} -> !torch.vtensor<[?],si64>
+// CHECK-NEXT:    %[[GA:[0-9]+]] = "bt.gather"(%{{[0-9]+}}, %[[SLOTS]]) {bt.time = #bt.time<"dynamic">, from = #bt.time<"adapter">, name = "factorized.adapter.0", stack = "slots", to = #bt.time<"dynamic">} : (!torch.vtensor<[64,16],f32>, !torch.vtensor<[?],si64>) -> !torch.vtensor<[?,64,16],f32>
 // CHECK:         %[[X3:[0-9]+]] = torch.aten.unsqueeze %arg3, {{.*}} -> !torch.vtensor<[?,1,64],f32>
 // CHECK-NEXT:    %[[T3:[0-9]+]] = torch.aten.matmul %[[X3]], %[[GA]] {bt.time = #bt.time<"dynamic">} : !torch.vtensor<[?,1,64],f32>, !torch.vtensor<[?,64,16],f32> -> !torch.vtensor<[?,1,16],f32>
 // CHECK-NEXT:    %{{.*}} = torch.constant.int 1
 // CHECK-NEXT:    %[[T:[0-9]+]] = torch.aten.squeeze.dim %[[T3]], {{.*}} -> !torch.vtensor<[?,16],f32>
-// CHECK-NEXT:    %[[GB:[0-9]+]] = "bt.gather"(%{{[0-9]+}}, %arg4) {{.*}}name = "factorized.adapter.1", stack = "slots"{{.*}} -> !torch.vtensor<[?,16,48],f32>
+// CHECK:         torch.runtime.assert
+// CHECK:         %[[GB:[0-9]+]] = "bt.gather"(%{{[0-9]+}}, %{{[0-9]+}}) {{.*}}name = "factorized.adapter.1", stack = "slots"{{.*}} -> !torch.vtensor<[?,16,48],f32>
 // CHECK:         %[[T1:[0-9]+]] = torch.aten.unsqueeze %[[T]], {{.*}} -> !torch.vtensor<[?,1,16],f32>
 // CHECK-NEXT:    %[[U3:[0-9]+]] = torch.aten.matmul %[[T1]], %[[GB]] {bt.time = #bt.time<"dynamic">} : !torch.vtensor<[?,1,16],f32>, !torch.vtensor<[?,16,48],f32> -> !torch.vtensor<[?,1,48],f32>
 // CHECK:         torch.aten.squeeze.dim %[[U3]], {{.*}} -> !torch.vtensor<[?,48],f32>
