@@ -180,7 +180,7 @@ def test_site_on_flattened_tokens_serves_each_tokens_row_and_refuses_uneven_rows
         for t in range(y.shape[0]):
             expected = adapted[t] if names[t // per] == "a" else base[t]
             assert rel_err(y[t], expected) <= 1e-4, (rows, tokens, t)
-    with pytest.raises(stageml.StageMLError, match="input rows are not a multiple of the request rows"):
+    with pytest.raises(stageml.StageMLError, match="input rows do not line up with the request rows"):
         mod.run_batch(torch.randn(3, 3, 64), ["a", None, "a"])  # 5 kept tokens for 3 rows
     x = torch.randn(2, 4, 64)
     with torch.no_grad():
@@ -491,7 +491,8 @@ def test_threads_loading_unloading_and_serving_stay_correct(linear):
 def test_bad_ids_are_refused_and_the_compiled_code_stays_in_bounds(llama):
     """Token ids outside the vocabulary, and sequences beyond the exported maximum,
     are an InputError per call; called past those checks, the residual's own
-    index clamps keep every read inside its table (finite rows, no crash)."""
+    index clamps keep every read inside its table (finite rows, no crash), and its
+    slot check refuses a write outside the slot table (an InputError, not IREE's error)."""
     mod = stageml.load(llama["path"])
     mod.load_adapter("a", str(llama["root"] / "a"))
     ids = mod.inputs[0]
@@ -508,7 +509,7 @@ def test_bad_ids_are_refused_and_the_compiled_code_stays_in_bounds(llama):
     writer = mod.entry("adapter", "factorized")
     zeros = {a["name"]: np.zeros(a["shape"], np.float32) for a in writer["arguments"] if a["kind"] == "input"}
     for slot in (0, 5, 10**12, -1):  # slot 0 is the base model's; 4 slots are compiled
-        with pytest.raises(RuntimeError, match=r"adapter slot out of range \[1, 4\]"):
+        with pytest.raises(InputError, match=r"the residual refused the call: adapter slot out of range \[1, 4\]"):
             mod._call(writer, {**zeros, "slot": slot})
     good = torch.randint(0, 128, (1, 6))
     assert rel_err(mod(good, adapter="a"), _llama_reference(llama, "a", good)) <= 1e-4

@@ -5,18 +5,20 @@ each request row: the stack it indexes is the value's per-slot copies
 
     %l = "bt.lift"(%at) {from = adapter, to = dynamic, name = "adapter.0"}
     %y = torch.aten.matmul %x, %l : [B,T,K], [K,N] -> [B,T,N]
-  → %s = flatten (broadcast_to (unsqueeze %adapter_ids, 1), [b, B / b])  // asserted whole
-    %g = "bt.gather"(%at, %s) {from = adapter, to = dynamic, name = "adapter.0",
-                               stack = "slots"} : [K,N], [?] -> [?,K,N]
+  → torch.runtime.assert (B == b)         // b: adapter_ids' rows
+    %g = "bt.gather"(%at, %adapter_ids) {from = adapter, to = dynamic, name = "adapter.0",
+                                        stack = "slots"} : [K,N], [?] -> [?,K,N]
     %y = torch.aten.matmul %x, %g : [B,T,K], [?,K,N] -> [B,T,N]  // row b uses %g[b]
 
 `adapter_ids` ([?] si64, one slot per row) becomes the last request input.
+A 2-D input's N rows take `flatten((unsqueeze %adapter_ids, 1) * ones([b, N / b]))`,
+N / b asserted whole.
 Rows are the leading dimension of the product's input (a 2-D input is
-unsqueezed to [B,1,K]): the request rows, or a multiple of them in their
-order (transformers flattens [B, S] to B·S tokens in MoE blocks: the router,
-Qwen2-MoE's shared expert), each taking the slot of its request row. Any
-other count fails the call (a runtime assertion), never reads past the
-slots. An expert stack's per-expert LoRA factors ([E, in, R], expert-factors')
+unsqueezed to [B,1,K]): the request rows, or for a 2-D input a multiple of
+them in their order (transformers flattens [B, S] to B·S tokens in MoE
+blocks: the router, Qwen2-MoE's shared expert), each taking the slot of its
+request row. Any other count fails the call (a runtime assertion), never
+reads past the slots. An expert stack's per-expert LoRA factors ([E, in, R], expert-factors')
 selected by routed expert ids are gathered by entry (`stack =
 "slot_entries"`): a routed row's entry is slot·E + e, its slot that of the
 request row its token comes from:
@@ -41,7 +43,8 @@ from stageml.errors import CompileError
 IDS = facts.IDS
 SLOTS = "slots"  # bt.gather's stack: the per-slot copies of an adapter-time value
 SLOT_ENTRIES = "slot_entries"  # the entries (slot·E + e) of the per-slot copies of an expert stack
-UNEVEN_ROWS = ("a LoRA site's input rows are not a multiple of the request rows, so its per-row adapters cannot "
+_INT64 = 4  # torch's dtype code of int64
+UNEVEN_ROWS = ("a LoRA site's input rows do not line up with the request rows, so its per-row adapters cannot "
                "serve this batch: pass rows that split evenly, or one adapter per call under policy='merged'")
 
 
@@ -75,19 +78,29 @@ def _per_row_product(product, rows: ir.Value) -> None:
 
 
 def _row_slots(ids: ir.Value, rows: ir.Value, cache: dict) -> ir.Value:
-    """The slot of each row of `rows` (its leading dimension): the request rows, or a multiple
-    of them in their order (transformers flattens [B, S] tokens, StageML's experts repeat each
-    token k times), each taking the slot of the request row it comes from. Any other count
-    fails the call (an assertion) instead of reading past the slots."""
+    """The slot of each row of `rows` (its leading dimension). A 2-D value's rows are the
+    request rows or a multiple of them in their order (transformers flattens [B, S] tokens,
+    StageML's experts repeat each token k times), each taking the slot of the request row it
+    comes from; a higher-rank value's are the request rows. Any other count fails the call
+    (an assertion) instead of reading past the slots."""
     if ("slots", rows) not in cache:
         n = timed(torch_d.AtenSizeIntOp(rows, const_int(0, annotate=True)))
         b = timed(torch_d.AtenSizeIntOp(ids, const_int(0, annotate=True)))
+        if len(vtensor_shape(rows.type)[0]) > 2:
+            set_op_time(torch_d.RuntimeAssertOp(timed(torch_d.AtenEqIntOp(n, b)), UNEVEN_ROWS).operation,
+                        BindingTime.DYNAMIC)
+            cache["slots", rows] = ids
+            return ids
         per = timed(torch_d.AtenFloordivIntOp(n, b))
         whole = timed(torch_d.AtenEqIntOp(timed(torch_d.AtenMulIntOp(b, per)), n))
         set_op_time(torch_d.RuntimeAssertOp(whole, UNEVEN_ROWS).operation, BindingTime.DYNAMIC)
         column = timed(torch_d.AtenUnsqueezeOp(vtensor_type([None, 1], "si64"), ids, const_int(1, annotate=True)))
         sizes = timed(torch_d.PrimListConstructOp(ir.Type.parse("!torch.list<int>"), [b, per]))
-        spread = timed(torch_d.AtenBroadcastToOp(vtensor_type([None, None], "si64"), column, sizes))
+        none = timed(torch_d.ConstantNoneOp())
+        ones = timed(torch_d.AtenOnesOp(vtensor_type([None, None], "si64"), sizes, const_int(_INT64, annotate=True),
+                                        none, none, none))
+        # [b, 1] x [b, per]: an elementwise broadcast (broadcast_to's dynamic sizes lower to a gather)
+        spread = timed(torch_d.AtenMulTensorOp(vtensor_type([None, None], "si64"), column, ones))
         cache["slots", rows] = timed(torch_d.AtenFlattenUsingIntsOp(vtensor_type([None], "si64"), spread,
                                                                    const_int(0, annotate=True),
                                                                    const_int(1, annotate=True)))

@@ -6,7 +6,7 @@
 // selected by the routed expert ids. Each becomes a bt.gather of entries
 // (stack = "slot_entries") by slot·E + e, the slot that of the request row
 // each routed row comes from (rows / request rows of them per request row,
-// in order); both factors share the entry ids. The static base stack keeps
+// in order; any other count fails the call); both factors share the entry ids. The static base stack keeps
 // its leading gather.
 
 // CHECK-LABEL: func.func @main_factorized
@@ -15,9 +15,11 @@
 // CHECK:         %[[N:[0-9]+]] = torch.aten.size.int %arg4
 // CHECK:         %[[B:[0-9]+]] = torch.aten.size.int %arg5
 // CHECK:         %[[PER:[0-9]+]] = torch.aten.floordiv.int %[[N]], %[[B]]
+// CHECK:         torch.runtime.assert %{{[0-9]+}}, "a LoRA site's input rows do not line up with the request rows
 // CHECK:         %[[COL:[0-9]+]] = torch.aten.unsqueeze %arg5
 // CHECK:         %[[SIZES:[0-9]+]] = torch.prim.ListConstruct %[[B]], %[[PER]]
-// CHECK:         %[[SPREAD:[0-9]+]] = torch.aten.broadcast_to %[[COL]], %[[SIZES]]
+// CHECK:         %[[ONES:[0-9]+]] = torch.aten.ones %[[SIZES]]
+// CHECK:         %[[SPREAD:[0-9]+]] = torch.aten.mul.Tensor %[[COL]], %[[ONES]]
 // CHECK:         %[[SLOTS:[0-9]+]] = torch.aten.flatten.using_ints %[[SPREAD]]
 // CHECK:         %[[SE:[0-9]+]] = torch.aten.mul.Scalar %[[SLOTS]], %int4
 // CHECK:         %[[IDS:[0-9]+]] = torch.aten.add.Tensor %[[SE]], %arg4

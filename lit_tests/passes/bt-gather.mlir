@@ -29,10 +29,11 @@
 // CHECK-NEXT:    %[[PER:[0-9]+]] = torch.aten.floordiv.int %[[N]], %[[B]]
 // CHECK-NEXT:    %[[ALL:[0-9]+]] = torch.aten.mul.int %[[B]], %[[PER]]
 // CHECK-NEXT:    %[[WHOLE:[0-9]+]] = torch.aten.eq.int %[[ALL]], %[[N]]
-// CHECK-NEXT:    torch.runtime.assert %[[WHOLE]], "a LoRA site's input rows are not a multiple of the request rows
+// CHECK-NEXT:    torch.runtime.assert %[[WHOLE]], "a LoRA site's input rows do not line up with the request rows
 // CHECK:         %[[COLUMN:[0-9]+]] = torch.aten.unsqueeze %arg4, {{.*}} -> !torch.vtensor<[?,1],si64>
 // CHECK-NEXT:    %[[SIZES:[0-9]+]] = torch.prim.ListConstruct %[[B]], %[[PER]]
-// CHECK-NEXT:    %[[SPREAD:[0-9]+]] = torch.aten.broadcast_to %[[COLUMN]], %[[SIZES]]
+// CHECK:         %[[ONES:[0-9]+]] = torch.aten.ones %[[SIZES]], {{.*}} -> !torch.vtensor<[?,?],si64>
+// CHECK-NEXT:    %[[SPREAD:[0-9]+]] = torch.aten.mul.Tensor %[[COLUMN]], %[[ONES]]
 // CHECK:         %[[SLOTS:[0-9]+]] = torch.aten.flatten.using_ints %[[SPREAD]], {{.*}} -> !torch.vtensor<[?],si64>
 // CHECK-NEXT:    %[[GA:[0-9]+]] = "bt.gather"(%{{[0-9]+}}, %[[SLOTS]]) {bt.time = #bt.time<"dynamic">, from = #bt.time<"adapter">, name = "factorized.adapter.0", stack = "slots", to = #bt.time<"dynamic">} : (!torch.vtensor<[64,16],f32>, !torch.vtensor<[?],si64>) -> !torch.vtensor<[?,64,16],f32>
 // CHECK:         %[[X3:[0-9]+]] = torch.aten.unsqueeze %arg3, {{.*}} -> !torch.vtensor<[?,1,64],f32>
