@@ -212,7 +212,9 @@ class ResidualModule:
             raise ArtifactError(f"module {vmfb_path!r} cannot be loaded with its parameters "
                                 f"({str(e).strip().splitlines()[0]}): recompile the model") from None
         self._entries = entries
-        self._functions = {e["symbol"]: main.lookup_function(e["symbol"]) for e in described}
+        # each entry point's VM function and its results' dtypes, found once
+        self._functions = {e["symbol"]: (main.lookup_function(e["symbol"]),
+                                         [numpy_dtype(r["dtype"]) for r in e["results"]]) for e in described}
         self._device_kind = "cuda" if device.startswith("cuda") else "cpu"
         self._exports = True  # results can be shared with torch (DLPack), until IREE says otherwise
         self._default_prefix = checked.default_adapter_prefix
@@ -250,17 +252,18 @@ class ResidualModule:
                 arguments.push_int(value)
             else:
                 arguments.push_ref(self._buffer_view(value).ref)
-        results = iree_rt.VmVariantList(len(entry["results"]))
+        function, dtypes = self._functions[entry["symbol"]]
+        results = iree_rt.VmVariantList(len(dtypes))
         try:
-            self._context.invoke(self._functions[entry["symbol"]], arguments, results)
+            self._context.invoke(function, arguments, results)
         except RuntimeError as e:  # the residual's own checks (cf.assert) fail a call as FAILED_PRECONDITION
             refused = str(e).partition("FAILED_PRECONDITION;")[2].strip().split(";")[0].strip()
             if not refused:
                 raise
             raise InputError(f"the residual refused the call: {refused}") from None
         arrays = [iree_rt.DeviceArray(self._config.device, results.get_as_object(i, iree_rt.HalBufferView),
-                                      implicit_host_transfer=True, override_dtype=numpy_dtype(r["dtype"]))
-                  for i, r in enumerate(entry["results"])]
+                                      implicit_host_transfer=True, override_dtype=dtype)
+                  for i, dtype in enumerate(dtypes)]
         return arrays[0] if len(arrays) == 1 else arrays
 
     def _buffer_view(self, value) -> iree_rt.HalBufferView:

@@ -151,14 +151,14 @@ def _layout_of_argument(value):
     return (value, experts_first) if value_time(value) == BindingTime.ADAPTER else None
 
 
-def _merged_parameter(op, rank: int):
+def _merged_parameter(op, dims: int):
     """(W, the product of the delta, s) when `op` is PEFT's merged parameter W + s·delta of
-    a static W of rank `rank` (dimensions), at adapter time, else None."""
+    a static `dims`-dimensional W, at adapter time, else None."""
     if (op.name != "torch.aten.add.Tensor" or value_time(op.result) != BindingTime.ADAPTER
             or constant(op.operands[2]) != 1):
         return None
     w, delta = op.operands[0], op.operands[1]
-    if value_time(w) != BindingTime.STATIC or len(vtensor_shape(w.type)[0]) != rank:
+    if value_time(w) != BindingTime.STATIC or len(vtensor_shape(w.type)[0]) != dims:
         return None
     scaling = 1.0
     while not isinstance(delta.owner, ir.Block) and delta.owner.operation.name == "torch.aten.mul.Scalar":
