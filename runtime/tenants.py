@@ -33,7 +33,7 @@ from iree import runtime as iree_rt
 
 from stageml.compiler.entry_points import routing_sites
 from stageml.compiler.facts import FACTORIZED, IDS, MAIN, ROUTING
-from stageml.errors import AdapterError, InputError
+from stageml.errors import AdapterError, ArtifactError, InputError
 from stageml.policy import AdapterProfile, LoraSite, expert_layers, plan
 from stageml.runtime import peft_adapter
 from stageml.runtime.module import ResidualModule, numpy_dtype
@@ -53,7 +53,7 @@ class _Adapter:
     requests: float = 0.0     # rows served, halved at every re-plan
     total: int = 0            # rows served since loaded
     last_used: int = 0
-    routed: dict = dataclasses.field(default_factory=dict)  # MoE layer -> rows routed per expert (factorized calls)
+    routed: dict = dataclasses.field(default_factory=dict)  # MoE layer -> rows routed per expert
     reason: str = ""          # why the policy gave it its form
 
 
@@ -99,8 +99,14 @@ class TenantModule(ResidualModule):
         sites = tuple(LoraSite(s["in_features"], s["out_features"], numpy_dtype(s["dtype"]).itemsize,
                                max(s.get("experts", 0), 1)) for s in self._sites)
         self._profile = AdapterProfile("", self._max_rank, sites)
-        self._layers = expert_layers(self._sites, routing_sites([self.entry("dynamic", FACTORIZED)]), self._max_rank)
-        self._routing = [r["kind"] == ROUTING for r in self.entry("dynamic", FACTORIZED)["results"]]  # per result
+        routed = routing_sites([self.entry("dynamic", FACTORIZED)])
+        self._layers = expert_layers(self._sites, routed, self._max_rank)
+        # per program, whether each result is a layer's routing counts (the main program's: [1, E], its tenant's)
+        self._routing = {p: [r["kind"] == ROUTING for r in self.entry("dynamic", p)["results"]] for p in (MAIN, FACTORIZED)}
+        main_routed = [r["sites"] for r in self.entry("dynamic", MAIN)["results"] if r["kind"] == ROUTING]
+        if main_routed not in ([], routed):
+            raise ArtifactError(f"module {path!r} routes its MoE layers differently in its two request-time programs: "
+                                "recompile the model with this StageML")
         self._routed = []  # (slot -> adapter name, the routing results) of calls not yet counted
 
     # -- adapters -------------------------------------------------------------
@@ -262,8 +268,8 @@ class TenantModule(ResidualModule):
              "pairs": [{"layer": 0, "tenant": "a", "expert": 3, "form": "factorized",
                         "bytes": ..., "tokens": 17, "reason": "..."}]}
 
-        `tokens` counts the rows routed to the pair in factorized calls since the
-        adapter was loaded. A pair's form is its tenant's (the policy decides per
+        `tokens` counts the rows routed to the pair since the adapter was loaded, in
+        factorized and merged calls alike (each program returns its counts). A pair's form is its tenant's (the policy decides per
         tenant; a pair of its own, a "virtual expert", is not served yet) and its
         `bytes` are what the tenant holds for that expert on the layer's sites."""
         if form not in ("json", "mlir"):
@@ -313,14 +319,17 @@ class TenantModule(ResidualModule):
 
     # -- requests -------------------------------------------------------------
 
-    def _routing_split(self, results, batch: _Batch) -> list:
-        """The factorized call's outputs; its routing counts are kept (read at the next count)."""
+    def _routing_split(self, results, program: str, owners: dict) -> list:
+        """The outputs of a call of `program`; its routing counts are kept for `owners` (the
+        counts' row -> adapter name) and read at the next count."""
         results = list(results) if isinstance(results, (tuple, list)) else [results]
-        self._routed.append(({a.slot: n for n, a in batch.named.items()},
-                             [r for r, routing in zip(results, self._routing) if routing]))
-        if len(self._routed) > self._replan_every:
-            self._count_routing()
-        return [r for r, routing in zip(results, self._routing) if not routing]
+        routing = self._routing[program]
+        counts = [r for r, is_routing in zip(results, routing) if is_routing]
+        if counts:
+            self._routed.append((owners, counts))
+            if len(self._routed) > self._replan_every:
+                self._count_routing()
+        return [r for r, is_routing in zip(results, routing) if not is_routing]
 
     def __call__(self, *inputs, adapter=None):
         """The residual with one adapter (None: the base model) for every row."""
@@ -381,13 +390,15 @@ class TenantModule(ResidualModule):
             only = next(iter(batch.named.values())) if len(batch.named) == 1 and None not in batch.rows_of else None
             if only is not None and only.merged is not None:
                 results = self._call(self.entry("dynamic"), values, only.merged)
+                if self._layers:
+                    results = self._routing_split(results, MAIN, {0: next(iter(batch.named))})
             else:
                 if batch.ids is None:
                     batch.ids = iree_rt.asdevicearray(self._config.device, batch.slots)
                 values[IDS] = batch.ids
                 results = self._call(self.entry("dynamic", FACTORIZED), values)
                 if self._layers:
-                    results = self._routing_split(results, batch)
+                    results = self._routing_split(results, FACTORIZED, {a.slot: n for n, a in batch.named.items()})
             self._calls += 1
             if self._calls % self._replan_every == 0:
                 self._replan(decay=True)

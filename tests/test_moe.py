@@ -330,6 +330,19 @@ def _routed(model, x) -> list:
     return routed
 
 
+def _run_and_count(mod, adapters, batches, expected: dict) -> None:
+    """Runs each batch (an adapter name or None per row) on `mod` and adds to `expected`
+    {(layer, tenant, expert): rows} where PEFT routes each tenant's rows."""
+    for rows in batches:
+        x = torch.randint(0, 128, (len(rows), int(torch.randint(1, 12, ()))))
+        mod.run_batch(x.numpy(), adapters=rows)
+        for name in set(rows) - {None}:
+            for layer, experts in enumerate(_routed(adapters[name], x)):
+                mine = experts[[i for i, n in enumerate(rows) if n == name]].flatten()
+                for e in mine.tolist():
+                    expected[layer, name, e] = expected.get((layer, name, e), 0) + 1
+
+
 def test_plan_counts_each_tenants_routed_tokens(tenants):
     """mod.plan(): per MoE layer, tenant and expert, the rows routed there in mixed batches
     (the residual's own counts), the form and bytes held, as JSON."""
@@ -340,14 +353,7 @@ def test_plan_counts_each_tenants_routed_tokens(tenants):
     for name in adapters:
         mod.load_adapter(name, str(root / name))
     expected = {}
-    for rows in (["a", None, "b", "c"], ["b", "b", None]):
-        x = torch.randint(0, 128, (len(rows), int(torch.randint(1, 12, ()))))
-        mod.run_batch(x.numpy(), adapters=rows)
-        for name in set(rows) - {None}:
-            for layer, experts in enumerate(_routed(adapters[name], x)):
-                mine = experts[[i for i, n in enumerate(rows) if n == name]].flatten()
-                for e in mine.tolist():
-                    expected[layer, name, e] = expected.get((layer, name, e), 0) + 1
+    _run_and_count(mod, adapters, (["a", None, "b", "c"], ["b", "b", None]), expected)
     plan = json.loads(json.dumps(mod.plan()))
     assert plan == mod.stats()["plan"] and plan["policy"] == "factorized"
     assert [layer["layer"] for layer in plan["layers"]] == [0, 1]
@@ -368,6 +374,23 @@ def test_plan_counts_each_tenants_routed_tokens(tenants):
         tokens[pair["tenant"]] = tokens.get(pair["tenant"], 0) + pair["tokens"]
     before = sum(n for (_, tenant, _), n in expected.items() if tenant == "b")
     assert tokens["a"] == 0 and tokens["b"] == before + 5 * 2 * 2  # 5 tokens, top-2, 2 layers
+
+
+def test_plan_counts_merged_calls_too(tenants):
+    """A batch of one merged tenant runs the main program, which returns its routing counts
+    too: the plan's tokens are every call's, merged or factorized."""
+    model, adapters, root, path, art = tenants
+    mod = stageml.load(path, policy="merged")
+    for name in adapters:
+        mod.load_adapter(name, str(root / name))
+    main_routing = [r for r in mod.entry("dynamic")["results"] if r["kind"] == "routing"]
+    assert [r["sites"] for r in main_routing] == [layer["sites"] for layer in mod.plan()["layers"]]
+    expected = {}
+    _run_and_count(mod, adapters, (["a", "a"], ["c"], ["a", "b", None], ["b"]), expected)  # 3 merged calls
+    for pair in mod.plan()["pairs"]:
+        assert pair["form"] == "merged"
+        assert pair["tokens"] == expected.get((pair["layer"], pair["tenant"], pair["expert"]), 0), pair
+    assert sum(p["tokens"] for p in mod.plan()["pairs"]) == sum(expected.values()) > 0
 
 
 def test_stagemlc_emits_the_plan_a_load_starts_from(tmp_path):

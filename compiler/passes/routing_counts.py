@@ -1,10 +1,13 @@
-"""routing-counts: the factorized program reports where its routed rows went.
+"""routing-counts: the multi-tenant request-time programs report where their routed rows went.
 
 At each MoE layer with expert LoRA, bt-gather indexes the per-tenant expert
-factors by entry ids `slot·E + e`. This pass counts the rows of each entry
-and returns the counts, `[slots, E]` per layer, beside the model's outputs,
-so that the runtime knows how many tokens each (tenant, expert) pair served
-(for the cost policy and `mod.plan()`):
+factors by entry ids `slot·E + e` in the factorized program; the main
+program (one tenant, served merged) gathers that tenant's merged expert
+stacks by the routed expert ids `e`. This pass counts the rows of each
+entry and returns the counts per layer beside the model's outputs, `[slots,
+E]` from the factorized program and `[1, E]` from the main one, so that the
+runtime knows how many tokens each (tenant, expert) pair served (for the cost
+policy and `mod.plan()`):
 
     %g = "bt.gather"(%f, %entry) {stack = "slot_entries", ...} : [E,K,R], [?] -> [?,K,R]
     return %y
@@ -14,8 +17,10 @@ so that the runtime knows how many tokens each (tenant, expert) pair served
     return %y, %c      // result facts: {bt.kind = "routing", bt.name = "routing.0",
                        //                bt.sites = [lora_A names of the sites it routes]}
 
-Every gather sharing one entry-ids value is one layer's routing; its sites
-are those whose factor arguments the gathered values are computed from.
+(in the main program, the gathers are `bt.gather(%merged, %e) {stack = "leading"}`
+of a stack computed from expert sites' factors, and S = 1). Every gather
+sharing one ids value is one layer's routing; its sites are those whose factor
+arguments the gathered values are computed from.
 """
 
 import numpy as np
@@ -27,6 +32,7 @@ from stageml.compiler import facts
 from stageml.compiler.ir import arg_name, const_int, defining_op, timed, vtensor_shape, vtensor_type
 from stageml.compiler.passes import program_of, programs, register
 from stageml.compiler.passes.bt_gather import SLOT_ENTRIES
+from stageml.compiler.passes.bt_stacks import LEADING
 
 _INT64 = 4           # torch's dtype code of int64
 
@@ -63,18 +69,20 @@ def _counts(entry: ir.Value, slots: int, experts: int) -> ir.Value:
     return timed(torch_d.AtenViewOp(vtensor_type([slots, experts], "si64"), total, shape))
 
 
-def count(func, sites: list, slots: int) -> int:
-    """Appends one counts result per routed layer to `func`; returns how many."""
+def count(func, sites: list, slots: int, stack: str) -> int:
+    """Appends one counts result per routed layer to `func` (its gathers of `stack`, `slots`
+    copies a layer); returns how many."""
     block = func.regions[0].blocks[0]
     layers = {}  # entry ids -> (experts, the sites' lora_A names), in program order
     for op in block.operations:
         op = op.operation
-        if op.name != "bt.gather" or ir.StringAttr(op.attributes["stack"]).value != SLOT_ENTRIES:
+        if op.name != "bt.gather" or ir.StringAttr(op.attributes["stack"]).value != stack:
             continue
         names = _argument_names(func, op.operands[0])
         _, known = layers.setdefault(op.operands[1], (vtensor_shape(op.operands[0].type)[0][0], []))
         known.extend(s["lora_A"] for s in sites if s["experts"] and s["lora_A"] not in known
                      and (s["lora_A"] in names or s["lora_B"] in names))
+    layers = {entry: layer for entry, layer in layers.items() if layer[1]}  # (a stack no site adapts: no tenant's)
     if not layers:
         return 0
     ret = list(block.operations)[-1]
@@ -91,9 +99,13 @@ def count(func, sites: list, slots: int) -> int:
     return len(counted)
 
 
-@register("routing-counts", "factorized program: return the rows routed to each (slot, expert) per MoE layer")
+@register("routing-counts", "multi-tenant programs: return the rows routed to each (slot, expert) per MoE layer")
 def run(module_op, options, stats) -> None:
     sites, tenants = facts.get(module_op, facts.SITES, []), facts.get(module_op, facts.TENANTS)
+    if tenants is None:
+        return
     for func in programs(module_op):
-        if program_of(func) == facts.FACTORIZED and tenants is not None:
-            stats["routing-counts"] += count(func, sites, tenants["max_adapters"] + 1)
+        if program_of(func) == facts.FACTORIZED:
+            stats["routing-counts"] += count(func, sites, tenants["max_adapters"] + 1, SLOT_ENTRIES)
+        else:
+            stats["routing-counts"] += count(func, sites, 1, LEADING)

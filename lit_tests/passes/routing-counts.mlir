@@ -4,13 +4,22 @@
 // After bt-gather: one MoE layer whose expert LoRA factors are gathered by
 // entry ids slot·E + e (E = 4 experts, 3 slots: max_adapters 2 and the base
 // model's slot 0). The factorized program returns, beside its output, how
-// many routed rows hit each entry, as [slots, E] with the layer's site;
-// the main program is left alone.
+// many routed rows hit each entry, as [slots, E] with the layer's site. The
+// main program (one tenant's merged stack, gathered by the expert ids)
+// returns [1, E] the same way; its gather of a stack no site adapts (by
+// other ids) is not counted.
 
 // CHECK-LABEL: func.func @main(
-// CHECK-SAME:    -> !torch.vtensor<[?,1,12],f32> attributes {bt.program = "main"}
+// CHECK-SAME:    -> (!torch.vtensor<[?,1,12],f32>, !torch.vtensor<[1,4],si64> {bt.kind = "routing", bt.name = "routing.0", bt.sites = ["experts.lora_A.default.weight"]}) attributes {bt.program = "main"}
+// CHECK:         "bt.gather"(%{{[0-9]+}}, %arg4) {{.*}}stack = "leading"
+// CHECK:         %[[SUM0:[0-9]+]] = torch.aten.add.Tensor
+// CHECK:         %[[IOTA0:[0-9]+]] = torch.vtensor.literal(dense<[0, 1, 2, 3]> : tensor<4xsi64>)
+// CHECK:         %[[COL0:[0-9]+]] = torch.aten.unsqueeze %arg4
+// CHECK:         %[[HIT0:[0-9]+]] = torch.aten.eq.Tensor %[[COL0]], %[[IOTA0]] {{.*}} -> !torch.vtensor<[?,4],i1>
+// CHECK:         %[[N0:[0-9]+]] = torch.aten.sum.dim_IntList %[[HIT0]], {{.*}} -> !torch.vtensor<[4],si64>
+// CHECK:         %[[C0:[0-9]+]] = torch.aten.view %[[N0]], {{.*}} -> !torch.vtensor<[1,4],si64>
 // CHECK-NOT:     sum.dim_IntList
-// CHECK:         return
+// CHECK:         return %[[SUM0]], %[[C0]]
 
 // CHECK-LABEL: func.func @main_factorized
 // CHECK-SAME:    -> (!torch.vtensor<[?,1,12],f32>, !torch.vtensor<[3,4],si64> {bt.kind = "routing", bt.name = "routing.0", bt.sites = ["experts.lora_A.default.weight"]})
@@ -24,10 +33,12 @@
 // CHECK:         %[[COUNTS:[0-9]+]] = torch.aten.view %[[SUM]], {{.*}} -> !torch.vtensor<[3,4],si64>
 // CHECK:         return %[[OUT]], %[[COUNTS]]
 
+// VERIFY-LABEL: func.func @main(
+// VERIFY-SAME:    bt.kind = "routing"
 // VERIFY-LABEL: func.func @main_factorized
 // VERIFY:         bt.kind = "routing"
 module attributes {bt.sites = [{dtype = "float32", experts = 4 : i64, in_features = 6 : i64, lora_A = "experts.lora_A.default.weight", lora_B = "experts.lora_B.default.weight", out_features = 12 : i64, rank = 2 : i64, scaling = 2.000000e+00 : f64}], bt.tenants = {max_adapters = 2 : i64, max_rank = 4 : i64}} {
-  func.func @main(%arg0: !torch.vtensor<[4,12,6],f32> {bt.name = "experts.gate_up_proj", bt.time = #bt.time<"static">}, %arg1: !torch.vtensor<[16,6],f32> {bt.name = "experts.lora_A.default.weight", bt.time = #bt.time<"adapter">}, %arg2: !torch.vtensor<[12,16],f32> {bt.name = "experts.lora_B.default.weight", bt.time = #bt.time<"adapter">}, %arg3: !torch.vtensor<[?,1,6],f32> {bt.name = "x", bt.time = #bt.time<"dynamic">}, %arg4: !torch.vtensor<[?],si64> {bt.name = "expert_ids", bt.time = #bt.time<"dynamic">}) -> !torch.vtensor<[?,1,12],f32> attributes {bt.program = "main"} {
+  func.func @main(%arg0: !torch.vtensor<[4,12,6],f32> {bt.name = "experts.gate_up_proj", bt.time = #bt.time<"static">}, %arg1: !torch.vtensor<[16,6],f32> {bt.name = "experts.lora_A.default.weight", bt.time = #bt.time<"adapter">}, %arg2: !torch.vtensor<[12,16],f32> {bt.name = "experts.lora_B.default.weight", bt.time = #bt.time<"adapter">}, %arg3: !torch.vtensor<[?,1,6],f32> {bt.name = "x", bt.time = #bt.time<"dynamic">}, %arg4: !torch.vtensor<[?],si64> {bt.name = "expert_ids", bt.time = #bt.time<"dynamic">}, %arg5: !torch.vtensor<[?],si64> {bt.name = "other_ids", bt.time = #bt.time<"dynamic">}) -> !torch.vtensor<[?,1,12],f32> attributes {bt.program = "main"} {
     %int0 = torch.constant.int 0 {bt.time = #bt.time<"static">}
     %int1 = torch.constant.int 1 {bt.time = #bt.time<"static">}
     %int2 = torch.constant.int 2 {bt.time = #bt.time<"static">}
@@ -54,7 +65,11 @@ module attributes {bt.sites = [{dtype = "float32", experts = 4 : i64, in_feature
     %10 = torch.aten.permute %8, %9 {bt.time = #bt.time<"adapter">} : !torch.vtensor<[4,12,6],f32>, !torch.list<int> -> !torch.vtensor<[4,6,12],f32>
     %11 = "bt.gather"(%10, %arg4) {bt.time = #bt.time<"dynamic">, from = #bt.time<"adapter">, name = "adapter.0", stack = "leading", to = #bt.time<"dynamic">} : (!torch.vtensor<[4,6,12],f32>, !torch.vtensor<[?],si64>) -> !torch.vtensor<[?,6,12],f32>
     %12 = torch.aten.bmm %arg3, %11 {bt.time = #bt.time<"dynamic">} : !torch.vtensor<[?,1,6],f32>, !torch.vtensor<[?,6,12],f32> -> !torch.vtensor<[?,1,12],f32>
-    return %12 : !torch.vtensor<[?,1,12],f32>
+    %13 = torch.aten.transpose.int %arg0, %int1, %int2 {bt.time = #bt.time<"static">} : !torch.vtensor<[4,12,6],f32>, !torch.int, !torch.int -> !torch.vtensor<[4,6,12],f32>
+    %14 = "bt.gather"(%13, %arg5) {bt.time = #bt.time<"dynamic">, from = #bt.time<"static">, name = "static.0", stack = "leading", to = #bt.time<"dynamic">} : (!torch.vtensor<[4,6,12],f32>, !torch.vtensor<[?],si64>) -> !torch.vtensor<[?,6,12],f32>
+    %15 = torch.aten.bmm %arg3, %14 {bt.time = #bt.time<"dynamic">} : !torch.vtensor<[?,1,6],f32>, !torch.vtensor<[?,6,12],f32> -> !torch.vtensor<[?,1,12],f32>
+    %16 = torch.aten.add.Tensor %12, %15, %int1 {bt.time = #bt.time<"dynamic">} : !torch.vtensor<[?,1,12],f32>, !torch.vtensor<[?,1,12],f32>, !torch.int -> !torch.vtensor<[?,1,12],f32>
+    return %16 : !torch.vtensor<[?,1,12],f32>
   }
   func.func @main_factorized(%arg0: !torch.vtensor<[4,12,6],f32> {bt.name = "experts.gate_up_proj", bt.time = #bt.time<"static">}, %arg1: !torch.vtensor<[16,6],f32> {bt.name = "experts.lora_A.default.weight", bt.time = #bt.time<"adapter">}, %arg2: !torch.vtensor<[12,16],f32> {bt.name = "experts.lora_B.default.weight", bt.time = #bt.time<"adapter">}, %arg3: !torch.vtensor<[?,1,6],f32> {bt.name = "x", bt.time = #bt.time<"dynamic">}, %arg4: !torch.vtensor<[?],si64> {bt.name = "expert_ids", bt.time = #bt.time<"dynamic">}, %arg5: !torch.vtensor<[?],si64> {bt.name = "adapter_ids", bt.time = #bt.time<"dynamic">}) -> !torch.vtensor<[?,1,12],f32> attributes {bt.program = "factorized"} {
     %int4 = torch.constant.int 4 {bt.time = #bt.time<"static">}
