@@ -147,6 +147,28 @@ def fused_product(op):
     return generic.inputs[0], generic.inputs[1], extracts[0].operands[0]
 
 
+# IREE 3.13's GPU codegen fails on these products with its reduction vector distribution
+# ("'func.func' op failed to distribute"); without it (its older reduction path) they compile.
+GPU_FLAGS = ("--iree-codegen-llvmgpu-use-reduction-vector-distribution=false",)
+
+
+def gpu_flags(module) -> list:
+    """The iree-compile flags IREE's GPU codegen needs for `module` (IREE input): GPU_FLAGS
+    where a per-row product this rewrite built is still there, else none."""
+    found = []
+
+    def visit(op):
+        if fused_product(op) is not None:
+            found.append(op)
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    op = getattr(module, "operation", module)
+    with op.context:
+        op.walk(visit)
+    return list(GPU_FLAGS) if found else []
+
+
 def fuse_gather(op, rewriter, multi_token: bool = False) -> bool:
     """The pattern on linalg.batch_matmul: True when it does not apply."""
     found = _gather(op.operands[1])

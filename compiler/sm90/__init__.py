@@ -22,10 +22,11 @@ HOPPER = pathlib.Path(__file__).with_name("hopper.mlir")
 
 def compile_flags(module) -> list:
     """iree-compile flags for the passes' output (an IREE-bindings module): the
-    kernels' PTX directory (built if needed) when it holds their executable."""
+    kernels' PTX directory (built if needed) when it holds their executable, and
+    what IREE's GPU codegen needs for per-row products no kernel took (fuse-gathers')."""
+    from stageml.compiler.passes.fuse_gathers import gpu_flags
     from stageml.compiler.sm90.build import build  # (not at import: `python -m ...build` runs it)
 
-    if not any(op.operation.name == "hal.executable.source" and facts.symbol(op.operation) == EXECUTABLE
-               for op in module.body.operations):
-        return []
-    return [f"--iree-hal-executable-object-search-path={build()}"]
+    kernels = any(op.operation.name == "hal.executable.source" and facts.symbol(op.operation) == EXECUTABLE
+                  for op in module.body.operations)
+    return ([f"--iree-hal-executable-object-search-path={build()}"] if kernels else []) + gpu_flags(module)

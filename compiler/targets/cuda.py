@@ -17,4 +17,5 @@ class CudaTarget(Target):
         return cls()
 
     def flags(self, module=None) -> list:
-        return ["--iree-cuda-target=sm_80"]
+        from stageml.compiler.passes.fuse_gathers import gpu_flags
+        return ["--iree-cuda-target=sm_80", *(gpu_flags(module) if module is not None else [])]
