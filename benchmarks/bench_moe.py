@@ -31,21 +31,11 @@ import torch
 
 import stageml
 from harness import add_timing_options, fmt_ms, fmt_pct, loadavg, rel_err, start, timed, verdict
-from workloads import Logits
+from workloads import EXPERT_LORA, Logits, random_factors, small_mixtral
 
 TENANTS = 16
 ROWS, TOKENS = 16, 16
 MAX_REL_ERR = 1e-4
-EXPERT_LORA = dict(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
-                   target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
-
-
-def small_mixtral():
-    from transformers import MixtralConfig, MixtralForCausalLM
-    config = MixtralConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=8,
-                           num_experts_per_tok=2, max_position_embeddings=128, use_cache=False)
-    return MixtralForCausalLM(config).eval()
 
 
 def build(base, workdir):
@@ -56,10 +46,7 @@ def build(base, workdir):
     model = get_peft_model(base, lora, adapter_name=names[0])
     for name in names[1:]:
         model.add_adapter(name, lora)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_" in name:
-                p.normal_(0, 0.05)
+    random_factors(model, 0.05)
     model.save_pretrained(workdir)
     return model.eval(), names, {n: os.path.join(workdir, n) for n in names}
 

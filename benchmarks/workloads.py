@@ -5,6 +5,8 @@ from torch import nn
 
 LINEAR_LORA = dict(r=16, lora_alpha=32, target_modules=["fc"], init_lora_weights=False)
 LLAMA_LORA = dict(r=8, target_modules=["q_proj", "v_proj", "o_proj", "gate_proj"], init_lora_weights=False)
+EXPERT_LORA = dict(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
+                   target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
 
 
 class Linear(nn.Module):
@@ -35,6 +37,25 @@ def small_llama() -> nn.Module:
     config = LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
     return LlamaForCausalLM(config).eval()
+
+
+def small_mixtral() -> nn.Module:
+    """MixtralForCausalLM(vocab 128, hidden 128, intermediate 256, 2 layers, 4 heads, 2 KV heads,
+    8 experts, top-2)."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+    config = MixtralConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=8,
+                           num_experts_per_tok=2, max_position_embeddings=128, use_cache=False)
+    return MixtralForCausalLM(config).eval()
+
+
+def random_factors(peft_model: nn.Module, std: float = 0.05) -> nn.Module:
+    """`peft_model` with every LoRA factor drawn from N(0, std^2) (PEFT starts B at zero)."""
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_" in name:
+                p.normal_(0, std)
+    return peft_model
 
 
 def _normal(layers: int, shape: tuple, std: float) -> nn.ParameterList:

@@ -29,6 +29,10 @@ compiled here; h200.py checks and times them there. Written to OUT_DIR:
   stack-tenants-f16-sm90-rows32.vmfb/.json
       the f16 one for exactly 32 rows (no dynamic dimension): call_path.py
       times IREE's reuse of a call's command buffer on it.
+  mixtral-f16-{sm90,cuda}.*, mixtral.pt, mixtral-tenants-f16-sm90.* and adapters/m{0,1}/
+      workloads.small_mixtral() with workloads.EXPERT_LORA (PEFT, expert LoRA
+      through target_parameters, random factors), fp16, for each GPU target;
+      the same for 2 tenants on sm90 and two more such adapters: moe.py's.
   vllm_peer/       vLLM 0.33's Triton LoRA ops (lora_shrink, lora_expand and
       the three modules they share), taken from the vllm==0.33.0 wheel
       (pip download --no-deps) and set beside vllm_stubs/'s stand-ins for
@@ -48,7 +52,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import stageml  # noqa: E402
 from stageml.compiler.sm90 import build  # noqa: E402
-from workloads import LINEAR_LORA, LLAMA_LORA, Linear, Logits, LoraStack, TenantStack, small_llama  # noqa: E402
+from workloads import (EXPERT_LORA, LINEAR_LORA, LLAMA_LORA, Linear, Logits, LoraStack, TenantStack,  # noqa: E402
+                       random_factors, small_llama, small_mixtral)
 
 TOKENS = torch.export.Dim("tokens", min=1, max=4096)
 STACK = dict(layers=8, d=4096, r=16)
@@ -129,6 +134,29 @@ def linear_tenants(out: str) -> list:
                  kernels=tokens.report.custom_kernels)]
 
 
+def moe_artifacts(out: str) -> list:
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    model = Logits(random_factors(get_peft_model(small_mixtral(), LoraConfig(**EXPERT_LORA)))).half().eval()
+    torch.save(model.state_dict(), os.path.join(out, "mixtral.pt"))
+    ids = torch.randint(0, 128, (2, 8))
+    dims = {"ids": {0: torch.export.Dim("batch", min=1, max=8), 1: torch.export.Dim("seq", min=2, max=64)}}
+    entries = []
+    for target, tenants in (("sm90", None), ("cuda", None), ("sm90", 2)):
+        name = f"mixtral{'-tenants' if tenants else ''}-f16-{target}"
+        art = stageml.compile(model, (ids,), dynamic_shapes=dims, target=target, verbose=True,
+                              **(dict(max_adapters=tenants, max_rank=EXPERT_LORA["r"]) if tenants else {}))
+        art.save(os.path.join(out, name + ".vmfb"))
+        entries.append(dict(name=name, workload="mixtral", dtype="f16", target=target,
+                            kernels=art.report.custom_kernels))
+    for i in range(2):
+        torch.manual_seed(300 + i)
+        random_factors(get_peft_model(small_mixtral(), LoraConfig(**EXPERT_LORA))).half().save_pretrained(
+            os.path.join(out, "adapters", f"m{i}"))
+    return entries
+
+
 VLLM = "vllm==0.33.0"
 VLLM_OPS = ("lora_shrink_op", "lora_expand_op", "kernel_utils", "utils", "lora_kernel_metadata")
 
@@ -174,7 +202,8 @@ def main() -> None:
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join("out", "gpu")
     os.makedirs(out, exist_ok=True)
     warnings.simplefilter("ignore")
-    entries = llama_artifacts(out) + linear_tenants(out) + stack_artifacts(out) + tenant_stack_artifacts(out)
+    entries = (llama_artifacts(out) + linear_tenants(out) + stack_artifacts(out) + tenant_stack_artifacts(out)
+               + moe_artifacts(out))
     vllm_peer(out)
     shutil.copy(build.build() / build.PTX, out)
     with open(os.path.join(out, "artifacts.json"), "w") as f:

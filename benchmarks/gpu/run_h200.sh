@@ -9,7 +9,7 @@
 # annotated-types, typing-inspection: the manifest schema; README "GPU targets"). First the
 # kernels alone: their checks (pytest -m gpu tests/test_kernels_gpu.py,
 # against float64 PyTorch) and timings (kernel_check.py: CUDA events, against
-# cuBLAS), then the residuals (h200.py), then the multi-tenant stack against
+# cuBLAS), then the residuals (h200.py), the MoE residuals (moe.py), then the multi-tenant stack against
 # vLLM's LoRA kernels (peer.py), then the call path's host overhead
 # (call_path.py). Writes REPORT_DIR/h200.md (every table, the machine and
 # COMMIT) and the full logs beside it; exits 1 if any check failed.
@@ -28,6 +28,7 @@ STAGEML_SM90_PTX="$ART/stageml_sm90.ptx" python3 -m pytest -m gpu -v -rs -p no:c
 python3 benchmarks/gpu/kernel_check.py "$ART/stageml_sm90.ptx" --report "$REPORT/kernels.md" \
   > "$REPORT/kernels.log" 2>&1 || status=1
 python3 benchmarks/gpu/h200.py "$ART" "$REPORT/residuals.md" > "$REPORT/residuals.log" 2>&1 || status=1
+python3 benchmarks/gpu/moe.py "$ART" "$REPORT/moe.md" > "$REPORT/moe.log" 2>&1 || status=1
 python3 benchmarks/gpu/peer.py "$ART" "$REPORT/peer.md" > "$REPORT/peer.log" 2>&1 || status=1
 python3 benchmarks/gpu/call_path.py "$ART" "$REPORT/call-path.md" > "$REPORT/call-path.log" 2>&1 || status=1
 {
@@ -37,8 +38,8 @@ python3 benchmarks/gpu/call_path.py "$ART" "$REPORT/call-path.md" > "$REPORT/cal
   echo "- $(python3 -c 'import torch, cupy; print(f"torch {torch.__version__}, cupy {cupy.__version__}")'), IREE runtime 3.13.0"
   echo "- commit $COMMIT; artifacts compiled by benchmarks/gpu/prepare.py"
   echo "- checks (each on fresh random inputs against float64):" \
-       "$(( $(count ' PASSED' "$REPORT/kernel-checks.log") + $(count '^PASS' "$REPORT/residuals.log") + $(count '^PASS' "$REPORT/peer.log") + $(count '^PASS' "$REPORT/call-path.log") )) passed," \
-       "$(( $(count ' FAILED' "$REPORT/kernel-checks.log") + $(count '^FAIL' "$REPORT/residuals.log") + $(count '^FAIL' "$REPORT/peer.log") + $(count '^FAIL' "$REPORT/call-path.log") )) failed"
+       "$(( $(count ' PASSED' "$REPORT/kernel-checks.log") + $(count '^PASS' "$REPORT/residuals.log") + $(count '^PASS' "$REPORT/moe.log") + $(count '^PASS' "$REPORT/peer.log") + $(count '^PASS' "$REPORT/call-path.log") )) passed," \
+       "$(( $(count ' FAILED' "$REPORT/kernel-checks.log") + $(count '^FAIL' "$REPORT/residuals.log") + $(count '^FAIL' "$REPORT/moe.log") + $(count '^FAIL' "$REPORT/peer.log") + $(count '^FAIL' "$REPORT/call-path.log") )) failed"
   echo
   echo "## Kernels alone, K = N = 4096 (kernel_check.py)"
   echo
@@ -51,11 +52,13 @@ python3 benchmarks/gpu/call_path.py "$ART" "$REPORT/call-path.md" > "$REPORT/cal
   echo
   cat "$REPORT/residuals.md" 2>/dev/null || echo "(h200.py failed: see residuals.log)"
   echo
+  cat "$REPORT/moe.md" 2>/dev/null || echo "(moe.py failed: see moe.log)"
+  echo
   cat "$REPORT/peer.md" 2>/dev/null || echo "(peer.py failed: see peer.log)"
   echo
   cat "$REPORT/call-path.md" 2>/dev/null || echo "(call_path.py failed: see call-path.log)"
 } > "$REPORT/h200.md"
 grep -h ' FAILED' "$REPORT/kernel-checks.log" || true
-grep -h '^FAIL' "$REPORT/residuals.log" "$REPORT/peer.log" "$REPORT/call-path.log" || true
+grep -h '^FAIL' "$REPORT/residuals.log" "$REPORT/moe.log" "$REPORT/peer.log" "$REPORT/call-path.log" || true
 cat "$REPORT/h200.md"
 exit $status
