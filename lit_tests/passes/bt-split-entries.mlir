@@ -82,10 +82,16 @@ module attributes {bt.sites = [{dtype = "float32", experts = 4 : i64, in_feature
     %int0_12 = torch.constant.int 0 {bt.time = #bt.time<"static">}
     %12 = torch.aten.size.int %arg5, %int0_12 {bt.time = #bt.time<"dynamic">} : !torch.vtensor<[?],si64>, !torch.int -> !torch.int
     %13 = torch.aten.floordiv.int %11, %12 {bt.time = #bt.time<"dynamic">} : !torch.int, !torch.int -> !torch.int
+    %whole_rows = torch.aten.mul.int %12, %13 {bt.time = #bt.time<"dynamic">} : !torch.int, !torch.int -> !torch.int
+    %whole = torch.aten.eq.int %whole_rows, %11 {bt.time = #bt.time<"dynamic">} : !torch.int, !torch.int -> !torch.bool
+    torch.runtime.assert %whole, "a LoRA site's input rows do not line up with the request rows" {bt.time = #bt.time<"dynamic">}
     %int1_13 = torch.constant.int 1 {bt.time = #bt.time<"static">}
     %14 = torch.aten.unsqueeze %arg5, %int1_13 {bt.time = #bt.time<"dynamic">} : !torch.vtensor<[?],si64>, !torch.int -> !torch.vtensor<[?,1],si64>
     %15 = torch.prim.ListConstruct %12, %13 {bt.time = #bt.time<"dynamic">} : (!torch.int, !torch.int) -> !torch.list<int>
-    %16 = torch.aten.broadcast_to %14, %15 {bt.time = #bt.time<"dynamic">} : !torch.vtensor<[?,1],si64>, !torch.list<int> -> !torch.vtensor<[?,?],si64>
+    %none = torch.constant.none {bt.time = #bt.time<"static">}
+    %int4_long = torch.constant.int 4 {bt.time = #bt.time<"static">}
+    %ones = torch.aten.ones %15, %int4_long, %none, %none, %none {bt.time = #bt.time<"dynamic">} : !torch.list<int>, !torch.int, !torch.none, !torch.none, !torch.none -> !torch.vtensor<[?,?],si64>
+    %16 = torch.aten.mul.Tensor %14, %ones {bt.time = #bt.time<"dynamic">} : !torch.vtensor<[?,1],si64>, !torch.vtensor<[?,?],si64> -> !torch.vtensor<[?,?],si64>
     %int0_14 = torch.constant.int 0 {bt.time = #bt.time<"static">}
     %int1_15 = torch.constant.int 1 {bt.time = #bt.time<"static">}
     %17 = torch.aten.flatten.using_ints %16, %int0_14, %int1_15 {bt.time = #bt.time<"dynamic">} : !torch.vtensor<[?,?],si64>, !torch.int, !torch.int -> !torch.vtensor<[?],si64>
