@@ -102,7 +102,8 @@ class TenantModule(ResidualModule):
         routed = routing_sites([self.entry("dynamic", FACTORIZED)])
         self._layers = expert_layers(self._sites, routed, self._max_rank)
         # per program, whether each result is a layer's routing counts (the main program's: [1, E], its tenant's)
-        self._routing = {p: [r["kind"] == ROUTING for r in self.entry("dynamic", p)["results"]] for p in (MAIN, FACTORIZED)}
+        self._routing = {p: [r["kind"] == ROUTING for r in self.entry("dynamic", p)["results"]]
+                         for p in (MAIN, FACTORIZED)}
         main_routed = [r["sites"] for r in self.entry("dynamic", MAIN)["results"] if r["kind"] == ROUTING]
         if main_routed not in ([], routed):
             raise ArtifactError(f"module {path!r} routes its MoE layers differently in its two request-time programs: "
@@ -269,9 +270,10 @@ class TenantModule(ResidualModule):
                         "bytes": ..., "tokens": 17, "reason": "..."}]}
 
         `tokens` counts the rows routed to the pair since the adapter was loaded, in
-        factorized and merged calls alike (each program returns its counts). A pair's form is its tenant's (the policy decides per
-        tenant; a pair of its own, a "virtual expert", is not served yet) and its
-        `bytes` are what the tenant holds for that expert on the layer's sites."""
+        factorized and merged calls alike (each program returns its counts). A pair's
+        form is its tenant's (the policy decides per tenant; a pair of its own, a
+        "virtual expert", is not served yet) and its `bytes` are what the tenant holds
+        for that expert on the layer's sites."""
         if form not in ("json", "mlir"):
             raise InputError(f"plan form {form!r} is unknown: pass 'json' or 'mlir'")
         with self._lock:
