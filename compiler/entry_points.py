@@ -45,10 +45,10 @@ def entry_points(module_op) -> list:
     return [describe(f) for f in entry_points_of(module_op)]
 
 
-def routing_sites(described: list) -> list:
-    """The sites (lora_A names) of each MoE layer whose routing the factorized request-time
+def routing_sites(described: list, program: str = facts.FACTORIZED) -> list:
+    """The sites (lora_A names) of each MoE layer whose routing `program`'s request-time
     entry point returns (routing-counts), in its result order; [] without one."""
-    return [r["sites"] for e in described if e["stage"] == "dynamic" and e["program"] == facts.FACTORIZED
+    return [r["sites"] for e in described if e["stage"] == "dynamic" and e["program"] == program
             for r in e["results"] if r["kind"] == facts.ROUTING]
 
 

@@ -104,8 +104,7 @@ class TenantModule(ResidualModule):
         # per program, whether each result is a layer's routing counts (the main program's: [1, E], its tenant's)
         self._routing = {p: [r["kind"] == ROUTING for r in self.entry("dynamic", p)["results"]]
                          for p in (MAIN, FACTORIZED)}
-        main_routed = [r["sites"] for r in self.entry("dynamic", MAIN)["results"] if r["kind"] == ROUTING]
-        if main_routed not in ([], routed):
+        if routing_sites([self.entry("dynamic", MAIN)], MAIN) not in ([], routed):
             raise ArtifactError(f"module {path!r} routes its MoE layers differently in its two request-time programs: "
                                 "recompile the model with this StageML")
         self._routed = []  # (slot -> adapter name, the routing results) of calls not yet counted

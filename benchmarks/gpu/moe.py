@@ -22,7 +22,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from h200 import BOUNDS, check, finish, rel_err  # noqa: E402
+from h200 import BOUNDS, check, finish, rel_err, tenant_module  # noqa: E402
 
 import stageml  # noqa: E402
 from workloads import EXPERT_LORA, Logits, small_mixtral  # noqa: E402
@@ -77,9 +77,7 @@ def tenants(art_dir: str, reference) -> list:
                 expected.append(peft(input_ids=ids[i:i + 1], use_cache=False).logits)
     lines = []
     for policy in ("factorized", "merged"):
-        mod = stageml.load(os.path.join(art_dir, "mixtral-tenants-f16-sm90.vmfb"), policy=policy)
-        for name in ADAPTERS:
-            mod.load_adapter(name, os.path.join(art_dir, "adapters", name))
+        mod = tenant_module(art_dir, "mixtral-tenants-f16-sm90", policy, ADAPTERS)
         got = mod.run_batch(ids.numpy(), rows)
         for i, name in enumerate(rows):
             err = rel_err(got[i:i + 1], expected[i])
