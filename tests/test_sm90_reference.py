@@ -7,15 +7,14 @@ slot table), f16 and bf16, and random K (64, 128 or 192, so never the wgmma
 GEMM's) and N (64 to 256), for the wgmma GEMM (the GEMM where K is a
 multiple of 256) each K of 256 and 512 with each N of 64 and 192, and for
 a multi-tenant site (a base product against a global weight plus its
-expand, the per-row product of the rounded shrink by a slot table: up to
-128 rows the site in one kernel, gemm_lora, beyond the base product with
-its expand fused, gemm_expand, the shrink a BGMV) K 256 and 512 with N 192
-and 64: the IREE input like the lit test's is compiled
+expand, the per-row product of the rounded shrink by a slot table: the
+base product with its expand fused, gemm_expand, the shrink a BGMV) K 256
+and 512 with N 192 and 64: the IREE input like the lit test's is compiled
 for llvm-cpu as it is and after the pass, which replaces the match by a
 call of the kernel's CPU reference (compiler/sm90/reference.mlir) with the
 operands and push constants the kernel's dispatch would get. Both run on
 the same fresh random inputs at 1, 5 and 16 rows (the wgmma kernels, made
-for any row count: 1, 5, 37 and 300, each branch of a site's); the rewritten module's relative error
+for any row count: 1, 5, 37 and 300); the rewritten module's relative error
 against the original must stay within 2e-3 (f16) / 1e-2 (bf16) (the kernels
 round less often than the linalg they replace; BGMV's f32 results within
 1e-5), and the rewritten module must call the reference, so no test passes
@@ -58,7 +57,7 @@ CASES = [("gemm", t) for t in DTYPES] \
        for t in DTYPES]
 GEMMS = ("gemm", "gemm_wgmma")
 # the kernels each pattern's rewrite calls (a LoRA site with K % 256 = 0 takes the multi-tenant path's)
-KERNELS = {"gemm_expand": ("gemm_lora", "gemm_expand", "bgmv"), "lora_by_expand": ("gemm_lora", "gemm_expand", "bgmv")}
+KERNELS = {"gemm_expand": ("gemm_expand", "bgmv"), "lora_by_expand": ("gemm_expand", "bgmv")}
 WGMMA = ("gemm_wgmma", "gemm_expand")  # the kernels of any row count, the shapes given
 TILE, STRIP = 64, 8
 
@@ -363,44 +362,6 @@ def test_gemm_expand_reference_computes_its_semantics(t):
         slot[:min(m, given)] = ids[:m]
         expected = (x.astype(np.float64) @ w.astype(np.float64)
                     + np.einsum("mr,mrn->mn", t_f32[:m, 0].astype(np.float64), table.astype(np.float64)[slot]))
-        assert y.shape == (m, n) and y.dtype == DTYPES[t]
-        err = _rel_err(y, expected)
-        assert err <= BOUNDS[t], f"{t} M={m} rows={given}: rel. err {err:.2e} > {BOUNDS[t]:.0e} (seed {SEED})"
-
-
-def _lora_reference(t: str) -> str:
-    """reference.mlir with @run, a public call of stageml_gemm_lora_T's reference."""
-    x, w, table = f"tensor<?x?x{t}>", f"tensor<?x?x8x64x8x{t}>", f"tensor<?x?x?x{t}>"
-    operands = f"{x}, {w}, tensor<?xi64>, {table}, {table}, i32, i32, i32, i32, i32, i32, i32"
-    return use_custom_kernels.REFERENCES.read_text() + f"""
-func.func @run(%x: {x}, %w: {w}, %ids: tensor<?xi64>, %a: {table}, %b: {table},
-               %m: i32, %k: i32, %n: i32, %r: i32, %rows: i32, %scale: i32) -> {x} {{
-  %site = arith.constant 0 : i32
-  %y = func.call @stageml_gemm_lora_{t}_reference(%x, %w, %ids, %a, %b, %m, %k, %n, %r, %rows, %scale, %site)
-      : ({operands}) -> {x}
-  return %y : {x}
-}}"""
-
-
-@pytest.mark.parametrize("t", DTYPES)
-def test_gemm_lora_reference_computes_its_semantics(t):
-    """y[m] = T(x[m] @ W + (s * x[m] @ a[slot(m)]) @ b[slot(m)]), slot(m) = ids[m] for m < rows,
-    else 0, against f64 (numpy), w in the kernels' tiles."""
-    print(f"seed {SEED} (STAGEML_SEED={SEED} repeats it)")
-    rng = _rng("gemm_lora-reference", t)
-    k, n, rank, slots, scale = 256, 192, 5, 4, 0.75
-    module = _load(_lora_reference(t))
-    for m, given in ((5, 5), (7, 3), (4, 6), (1, 0), (150, 150)):
-        x, w = _random(rng, (m, k), t), _random(rng, (k, n), t, k ** -0.5)
-        a, b = _random(rng, (slots, k, rank), t, k ** -0.5), _random(rng, (slots, rank, n), t, rank ** -0.5)
-        ids = rng.integers(1, slots, given).astype(np.int64)
-        bits = int(np.float32(scale).view(np.int32))
-        y = module["run"](x, _tiles(w), ids, a, b, m, k, n, rank, given, bits).to_host()
-        slot = np.zeros(m, np.int64)
-        slot[:min(m, given)] = ids[:m]
-        f64 = {name: v.astype(np.float64) for name, v in (("x", x), ("w", w), ("a", a), ("b", b))}
-        shrink = scale * np.einsum("mk,mkr->mr", f64["x"], f64["a"][slot])
-        expected = f64["x"] @ f64["w"] + np.einsum("mr,mrn->mn", shrink, f64["b"][slot])
         assert y.shape == (m, n) and y.dtype == DTYPES[t]
         err = _rel_err(y, expected)
         assert err <= BOUNDS[t], f"{t} M={m} rows={given}: rel. err {err:.2e} > {BOUNDS[t]:.0e} (seed {SEED})"

@@ -48,8 +48,7 @@ def sm90_artifacts(tmp_path_factory):
 # @forward's x@W (K = 256, N = 512: the wgmma kernel's multiples); @adapter's A@B (K = the rank, 8,
 # not a multiple of 64) stays with IREE
 MERGED_KERNELS = {"stageml_gemm_wgmma": 1}
-# a LoRA site with K = 256: one kernel up to 128 rows, else a BGMV and the GEMM with its expand
-FACTORIZED_KERNELS = {"stageml_gemm_lora": 1, "stageml_bgmv": 1, "stageml_gemm_expand": 1}
+FACTORIZED_KERNELS = {"stageml_bgmv": 1, "stageml_gemm_expand": 1}  # a LoRA site with K = 256
 
 
 @needs_nvcc
@@ -68,7 +67,7 @@ def test_merged_residual_dispatches_the_gemm_kernel(sm90_artifacts):
 
 # @forward's merged x@W (K = N = 256); @forward_factorized's site: x@A a BGMV (the shrink), x@W with the
 # expand (x@A)@B of each row's own adapter in its epilogue
-TENANT_KERNELS = {"stageml_gemm_wgmma": 1, "stageml_gemm_lora": 1, "stageml_gemm_expand": 1, "stageml_bgmv": 1}
+TENANT_KERNELS = {"stageml_gemm_wgmma": 1, "stageml_gemm_expand": 1, "stageml_bgmv": 1}
 
 
 def _tenant_model(seed: int, rank: int = 8):
@@ -104,8 +103,8 @@ def _peft_rows(models: dict, names: list, x) -> torch.Tensor:
 
 @needs_nvcc
 def test_wgmma_kernels_keep_their_dynamic_shared_memory(tenant_artifact):
-    """hopper.mlir's `workgroup_local_memory` of the wgmma exports (the GEMM,
-    the GEMM with a fused expand, the LoRA site in one kernel) survives IREE's compile: the exports in
+    """hopper.mlir's `workgroup_local_memory` of the wgmma exports (the GEMM
+    and the GEMM with a fused expand) survives IREE's compile: the exports in
     the residual's hal.executable carry it, and the .vmfb's CUDA executable
     gives it as the export's block_shared_memory_size, which IREE's runtime
     sets on the kernel (cuFuncSetAttribute) and launches it with."""
@@ -127,25 +126,20 @@ def test_wgmma_kernels_keep_their_dynamic_shared_memory(tenant_artifact):
             export = exports[name]
             assert ir.IntegerAttr(export.attributes["workgroup_local_memory"]).value == 197632
             assert [ir.IntegerAttr(d).value for d in ir.ArrayAttr(export.attributes["workgroup_size"])] == [288, 1, 1]
-        lora = exports["stageml_gemm_lora_f16"]
-        assert ir.IntegerAttr(lora.attributes["workgroup_local_memory"]).value == 230656
-        assert [ir.IntegerAttr(d).value for d in ir.ArrayAttr(lora.attributes["workgroup_size"])] == [320, 1, 1]
         assert "workgroup_local_memory" not in exports["stageml_bgmv_f16"].attributes
-    # the CUDA ExportDef (flatbuffer): block_dims, then block_shared_memory_size
+    # the CUDA ExportDef (flatbuffer): block_dims (288, 1, 1), then block_shared_memory_size
     assert struct.pack("<4I", 288, 1, 1, 197632) in art.vmfb
-    assert struct.pack("<4I", 320, 1, 1, 230656) in art.vmfb
 
 
 @needs_nvcc
 def test_unmerged_lora_site_takes_the_multi_tenant_kernels(sm90_artifacts):
-    # K = 256: the site's adapter as the only slot; by row count one kernel, or a BGMV shrink,
-    # then the expand kernel
+    # K = 256: the site's adapter as the only slot, a BGMV shrink, then the expand kernel
     _, art, _ = sm90_artifacts["factorized"]
     assert art.report.custom_kernels == FACTORIZED_KERNELS
     forward = art.mlir["iree"].split("@forward")[1]
-    assert all(f"stageml_{k}_f16" in forward for k in ("gemm_lora", "bgmv", "gemm_expand"))
+    assert "stageml_bgmv_f16" in forward and "stageml_gemm_expand_f16" in forward
     assert "linalg.matmul" not in forward and "stageml_lora" not in forward
-    assert b"stageml_gemm_lora_f16" in art.vmfb and b"stageml_gemm_expand_f16" in art.vmfb
+    assert b"stageml_gemm_expand_f16" in art.vmfb
 
 
 @needs_nvcc
@@ -163,19 +157,17 @@ TOKEN_ROWS = ({0: Dim("rows", max=64), 1: Dim("tokens", max=64)},)
 
 @needs_nvcc
 @pytest.mark.parametrize("tokens", [None, 5], ids=["one-token", "multi-token"])
-def test_multi_tenant_site_is_one_kernel_or_a_bgmv_and_the_gemm_with_its_expand(request, tokens):
+def test_multi_tenant_site_is_a_bgmv_and_the_gemm_with_its_expand(request, tokens):
     art = request.getfixturevalue("tenant_artifact") if tokens is None else stageml.compile(
         _tenant_model(0), (torch.randn(3, tokens, 256).half(),), dynamic_shapes=TOKEN_ROWS, target="sm90",
         max_adapters=4, max_rank=8)
     assert art.report.custom_kernels == TENANT_KERNELS
     forward = art.mlir["iree"].split("func.func @forward_factorized")[1]
-    assert forward.count("flow.dispatch @stageml_sm90::@stageml_gemm_lora_f16[") == 1
     assert forward.count("flow.dispatch @stageml_sm90::@stageml_bgmv_f16[") == 1
     assert forward.count("flow.dispatch @stageml_sm90::@stageml_gemm_expand_f16[") == 1
-    assert forward.count("scf.if") == 1  # by row count: the one kernel, or the other two
     assert all(op not in forward for op in ("tensor.extract %", "linalg.matmul", "linalg.batch_matmul"))
     assert forward.count("linalg.broadcast") == (0 if tokens is None else 1)  # the tokens' ids, shared
-    assert b"stageml_gemm_lora_f16" in art.vmfb and b"stageml_gemm_expand_f16" in art.vmfb
+    assert b"stageml_gemm_expand_f16" in art.vmfb
 
 
 def test_no_custom_kernels_is_iree_codegen_for_the_hopper_target():

@@ -118,46 +118,34 @@ module {
   // An unmerged LoRA site, PEFT's order (scale after the second product), in
   // a function off the request path (no bt.stage), w packed inline. K = 256:
   // the tenant path's kernels, the site's adapter as slot 0 of one-slot
-  // tables, over zero ids, by row count: up to 128 rows one stageml_gemm_lora
-  // with the scale 2.0 (0x40000000) as a push constant (site 0, its scratch
-  // [1, M, 8]: 256 k-rows make one chunk); else a BGMV shrink, scaled by 2.0
-  // in f32, then the expand kernel over the same ids.
+  // tables: a BGMV shrink over zero ids, scaled by 2.0 in f32, then the
+  // expand kernel over the same ids.
   // CHECK-LABEL: func.func @lora
   // CHECK:         %[[SPLIT:.+]] = tensor.expand_shape %arg3
   // CHECK:         %[[S:.+]] = linalg.transpose ins(%[[SPLIT]] {{.+}} outs(%{{.+}} : tensor<8x4x8x64x8xbf16>)
   // CHECK:         %[[IDS:.+]] = linalg.fill ins(%c0_i64 : i64) outs(%{{.+}} : tensor<?xi64>)
   // CHECK:         %[[X:.+]] = tensor.expand_shape %arg0 {{.+}} into tensor<?x1x256xbf16>
   // CHECK:         %[[A:.+]] = tensor.expand_shape %arg1 {{.+}} into tensor<1x256x8xbf16>
+  // CHECK:         %[[T:.+]] = flow.dispatch @stageml_sm90::@stageml_bgmv_bf16[%{{.+}}, %c8](%[[X]], %[[IDS]], %[[A]], %{{.+}}, %c256_i32, %c8_i32) : {{.+}} -> tensor<?x1x8xf32>
+  // CHECK:         %[[TS:.+]] = linalg.generic {{.+}} ins(%[[T]] : tensor<?x1x8xf32>)
+  // CHECK:           %[[TWO:.+]] = arith.constant 2.000000e+00 : f32
+  // CHECK:           arith.mulf %{{.+}}, %[[TWO]] : f32
   // CHECK:         %[[B:.+]] = tensor.expand_shape %arg2 {{.+}} into tensor<1x8x512xbf16>
-  // CHECK:         %[[SMALL:.+]] = arith.cmpi ule, %{{.+}}, %c128 : index
-  // CHECK:         %[[Y:.+]] = scf.if %[[SMALL]] -> (tensor<?x512xbf16>) {
-  // CHECK:           %[[ONE:.+]]:2 = flow.dispatch @stageml_sm90::@stageml_gemm_lora_bf16[%{{.+}}, %{{.+}}](%arg0, %[[S]], %[[IDS]], %[[A]], %[[B]], %{{.+}}, %c256_i32, %c512_i32, %c8_i32, %{{.+}}, %c1073741824_i32, %c0_i32) : (tensor<?x256xbf16>{%{{.+}}}, tensor<8x4x8x64x8xbf16>, tensor<?xi64>{%{{.+}}}, tensor<1x256x8xbf16>, tensor<1x8x512xbf16>, i32, i32, i32, i32, i32, i32, i32) -> (tensor<?x512xbf16>{%{{.+}}}, tensor<1x?x8xf32>{%{{.+}}})
-  // CHECK:           scf.yield %[[ONE]]#0
-  // CHECK:         } else {
-  // CHECK:           %[[T:.+]] = flow.dispatch @stageml_sm90::@stageml_bgmv_bf16[%{{.+}}, %c8](%[[X]], %[[IDS]], %[[A]], %{{.+}}, %c256_i32{{[_0-9]*}}, %c8_i32{{[_0-9]*}}) : {{.+}} -> tensor<?x1x8xf32>
-  // CHECK:           %[[TS:.+]] = linalg.generic {{.+}} ins(%[[T]] : tensor<?x1x8xf32>)
-  // CHECK:             arith.mulf %{{.+}}, %[[TWO:.+]] : f32
-  // CHECK:           %[[TWO_EXPANDED:.+]] = flow.dispatch @stageml_sm90::@stageml_gemm_expand_bf16[%{{.+}}, %{{.+}}](%arg0, %[[S]], %[[TS]], %[[IDS]], %[[B]], %{{.+}}, %{{.+}}, %c512_i32, %{{.+}}, %{{.+}}) : (tensor<?x256xbf16>{%{{.+}}}, tensor<8x4x8x64x8xbf16>, tensor<?x1x8xf32>{%{{.+}}}, tensor<?xi64>{%{{.+}}}, tensor<1x8x512xbf16>, i32, i32, i32, i32, i32) -> tensor<?x512xbf16>
-  // CHECK:           scf.yield %[[TWO_EXPANDED]]
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_expand_bf16[%{{.+}}, %{{.+}}](%arg0, %[[S]], %[[TS]], %[[IDS]], %[[B]], %{{.+}}, %{{.+}}, %c512_i32, %{{.+}}, %{{.+}}) : (tensor<?x256xbf16>{%{{.+}}}, tensor<8x4x8x64x8xbf16>, tensor<?x1x8xf32>{%{{.+}}}, tensor<?xi64>{%{{.+}}}, tensor<1x8x512xbf16>, i32, i32, i32, i32, i32) -> tensor<?x512xbf16>
   // CHECK-NOT:     linalg.matmul
   // CHECK-NOT:     stageml_lora
   // CHECK-NOT:     stageml_gemm_wgmma
-  // CHECK:         return %[[Y]]
+  // CHECK:         return
   // REF-LABEL: func.func @lora
   // REF:         %[[SPLIT:.+]] = tensor.expand_shape %arg3
   // REF:         %[[S:.+]] = linalg.transpose ins(%[[SPLIT]]
   // REF:         %[[IDS:.+]] = linalg.fill ins(%c0_i64 : i64)
-  // REF:         %[[SMALL:.+]] = arith.cmpi ule, %{{.+}}, %c128 : index
-  // REF:         %[[ONE:.+]] = call @stageml_gemm_lora_bf16_reference(%{{.+}}, %{{.+}}, %[[IDS]], %{{.+}}, %{{.+}}, %{{.+}}, %c256_i32, %c512_i32, %c8_i32, %{{.+}}, %c1073741824_i32, %c0_i32) : (tensor<?x?xbf16>, tensor<?x?x8x64x8xbf16>, tensor<?xi64>, tensor<?x?x?xbf16>, tensor<?x?x?xbf16>, i32, i32, i32, i32, i32, i32, i32) -> tensor<?x?xbf16>
-  // REF:         %[[ONE_C:.+]] = tensor.cast %[[ONE]]
-  // REF:         %[[T:.+]] = call @stageml_bgmv_bf16_reference(%{{.+}}, %[[IDS]], %{{.+}}, %{{.+}}, %c256_i32{{[_0-9]*}}, %c8_i32{{[_0-9]*}}) : (tensor<?x1x?xbf16>, tensor<?xi64>, tensor<?x?x?xbf16>, i32, i32, i32) -> tensor<?x1x?xf32>
+  // REF:         %[[T:.+]] = call @stageml_bgmv_bf16_reference(%{{.+}}, %[[IDS]], %{{.+}}, %{{.+}}, %c256_i32, %c8_i32) : (tensor<?x1x?xbf16>, tensor<?xi64>, tensor<?x?x?xbf16>, i32, i32, i32) -> tensor<?x1x?xf32>
   // REF:         arith.mulf
   // REF:         %[[SC:.+]] = tensor.cast %[[S]] : tensor<8x4x8x64x8xbf16> to tensor<?x?x8x64x8xbf16>
-  // REF:         %[[TWO:.+]] = call @stageml_gemm_expand_bf16_reference(%{{.+}}, %[[SC]], %{{.+}}, %[[IDS]], %{{.+}}, %{{.+}}, %{{.+}}, %c512_i32{{[_0-9]*}}, %{{.+}}, %{{.+}}) : (tensor<?x?xbf16>, tensor<?x?x8x64x8xbf16>, tensor<?x1x?xf32>, tensor<?xi64>, tensor<?x?x?xbf16>, i32, i32, i32, i32, i32) -> tensor<?x?xbf16>
-  // REF:         %[[TWO_C:.+]] = tensor.cast %[[TWO]]
-  // REF:         %[[Y:.+]] = arith.select %[[SMALL]], %[[ONE_C]], %[[TWO_C]] : tensor<?x512xbf16>
+  // REF:         call @stageml_gemm_expand_bf16_reference(%{{.+}}, %[[SC]], %{{.+}}, %[[IDS]], %{{.+}}, %{{.+}}, %{{.+}}, %c512_i32, %{{.+}}, %{{.+}}) : (tensor<?x?xbf16>, tensor<?x?x8x64x8xbf16>, tensor<?x1x?xf32>, tensor<?xi64>, tensor<?x?x?xbf16>, i32, i32, i32, i32, i32) -> tensor<?x?xbf16>
   // REF-NOT:     linalg.matmul
-  // REF:         return %[[Y]]
+  // REF:         return
   func.func @lora(%x: tensor<?x256xbf16>, %a: tensor<256x8xbf16>, %b: tensor<8x512xbf16>, %w: tensor<256x512xbf16>) -> tensor<?x512xbf16> {
     %c0 = arith.constant 0 : index
     %zero = arith.constant 0.0 : f32
@@ -400,12 +388,9 @@ module {
   // CHECK:           arith.mulf %{{.+}}, %[[HALF]] : f16
   // CHECK:         return %arg0, %[[B]]
   // CHECK-LABEL: func.func @forward_lora(%arg0: tensor<256x8xf16> {bt.result = 0 : i64}, %arg1: tensor<8x512xf16> {bt.result = 1 : i64}, %arg2: tensor<?x256xf16>)
-  // CHECK:         scf.if
-  // CHECK:           flow.dispatch @stageml_sm90::@stageml_gemm_lora_f16[{{.+}}]({{.+}}, %c1065353216_i32, %c1_i32)
-  // CHECK:         } else {
-  // CHECK:           flow.dispatch @stageml_sm90::@stageml_bgmv_f16
-  // CHECK-NOT:       arith.mulf
-  // CHECK:           flow.dispatch @stageml_sm90::@stageml_gemm_expand_f16
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_bgmv_f16
+  // CHECK-NOT:     arith.mulf
+  // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_expand_f16
   // CHECK-NOT:     linalg.matmul
   // CHECK:         return
   // REF-LABEL: func.func @adapter_lora
@@ -525,39 +510,24 @@ module {
   // [M, N]. K = 256 and N = 512 (multiples of 256 and 64): the base product
   // and the expand become one stageml_gemm_expand, which reads t in f32 and
   // rounds once (the truncf of t, the expand's product, its truncf, the
-  // collapse and the add go); rows is the ids' count. The shrink, a per-row
-  // product of the same rows and ids, goes with them: up to 128 rows all of
-  // it is one stageml_gemm_lora (scale 1.0, 0x3F800000); beyond, the shrink is
-  // a BGMV before the expand kernel.
+  // collapse and the add go); rows is the ids' count. The shrink stays a BGMV.
   // CHECK-LABEL: func.func @forward_tenants
   // CHECK:         %[[S:.+]] = linalg.transpose
-  // CHECK:         %[[Y:.+]] = scf.if %{{.+}} -> (tensor<?x512xf16>) {
-  // CHECK:           %[[IDS:.+]] = tensor.dim %arg1, %{{.+}} : tensor<?xi64>
-  // CHECK:           %[[ROWS:.+]] = arith.index_cast %[[IDS]] : index to i32
-  // CHECK:           %[[ONE:.+]]:2 = flow.dispatch @stageml_sm90::@stageml_gemm_lora_f16[%{{.+}}, %{{.+}}](%arg0, %[[S]], %arg1, %arg2, %arg3, %{{.+}}, %c256_i32, %c512_i32, %c8_i32, %[[ROWS]], %c1065353216_i32, %c{{[0-9]+}}_i32) : (tensor<?x256xf16>{%{{.+}}}, tensor<8x4x8x64x8xf16>, tensor<?xi64>{%{{.+}}}, tensor<5x256x8xf16>, tensor<5x8x512xf16>, i32, i32, i32, i32, i32, i32, i32) -> (tensor<?x512xf16>{%{{.+}}}, tensor<1x?x8xf32>{%{{.+}}})
-  // CHECK:           scf.yield %[[ONE]]#0
-  // CHECK:         } else {
-  // CHECK:           %[[T:.+]] = flow.dispatch @stageml_sm90::@stageml_bgmv_f16[%{{.+}}, %{{.+}}](%{{.+}}, %arg1, %arg2, %{{.+}}, %c256_i32{{[_0-9]*}}, %c8_i32{{[_0-9]*}}) : {{.+}} -> tensor<?x1x8xf32>
-  // CHECK:           %[[IDS2:.+]] = tensor.dim %arg1, %{{.+}} : tensor<?xi64>
-  // CHECK:           %[[ROWS2:.+]] = arith.index_cast %[[IDS2]] : index to i32
-  // CHECK:           %[[TWO:.+]] = flow.dispatch @stageml_sm90::@stageml_gemm_expand_f16[%{{.+}}, %{{.+}}](%arg0, %[[S]], %[[T]], %arg1, %arg3, %{{.+}}, %c256_i32{{[_0-9]*}}, %c512_i32{{[_0-9]*}}, %c8_i32{{[_0-9]*}}, %[[ROWS2]]) : (tensor<?x256xf16>{%{{.+}}}, tensor<8x4x8x64x8xf16>, tensor<?x1x8xf32>{%{{.+}}}, tensor<?xi64>{%{{.+}}}, tensor<5x8x512xf16>, i32, i32, i32, i32, i32) -> tensor<?x512xf16>
-  // CHECK:           scf.yield %[[TWO]]
+  // CHECK:         %[[T:.+]] = flow.dispatch @stageml_sm90::@stageml_bgmv_f16[%{{.+}}, %{{.+}}](%{{.+}}, %arg1, %arg2, %{{.+}}, %c256_i32{{[_0-9]*}}, %c8_i32{{[_0-9]*}}) : {{.+}} -> tensor<?x1x8xf32>
+  // CHECK:         %[[IDS:.+]] = tensor.dim %arg1, %{{.+}} : tensor<?xi64>
+  // CHECK:         %[[ROWS:.+]] = arith.index_cast %[[IDS]] : index to i32
+  // CHECK:         %[[Y:.+]] = flow.dispatch @stageml_sm90::@stageml_gemm_expand_f16[%{{.+}}, %{{.+}}](%arg0, %[[S]], %[[T]], %arg1, %arg3, %{{.+}}, %c256_i32{{[_0-9]*}}, %c512_i32{{[_0-9]*}}, %c8_i32{{[_0-9]*}}, %[[ROWS]]) : (tensor<?x256xf16>{%{{.+}}}, tensor<8x4x8x64x8xf16>, tensor<?x1x8xf32>{%{{.+}}}, tensor<?xi64>{%{{.+}}}, tensor<5x8x512xf16>, i32, i32, i32, i32, i32) -> tensor<?x512xf16>
   // CHECK-NOT:     linalg.generic
   // CHECK-NOT:     tensor.collapse_shape
   // CHECK:         return %[[Y]]
   // REF-LABEL: func.func @forward_tenants
-  // REF:         %[[SMALL:.+]] = arith.cmpi ule, %{{.+}}, %c128 : index
-  // REF-DAG:     %[[A:.+]] = tensor.cast %arg2 : tensor<5x256x8xf16> to tensor<?x?x?xf16>
-  // REF-DAG:     %[[B:.+]] = tensor.cast %arg3 : tensor<5x8x512xf16> to tensor<?x?x?xf16>
-  // REF:         %[[ONE:.+]] = call @stageml_gemm_lora_f16_reference(%{{.+}}, %{{.+}}, %arg1, %[[A]], %[[B]], %{{.+}}, %c256_i32, %c512_i32, %c8_i32, %{{.+}}, %c1065353216_i32, %c{{[0-9]+}}_i32) : (tensor<?x?xf16>, tensor<?x?x8x64x8xf16>, tensor<?xi64>, tensor<?x?x?xf16>, tensor<?x?x?xf16>, i32, i32, i32, i32, i32, i32, i32) -> tensor<?x?xf16>
   // REF:         %[[T:.+]] = call @stageml_bgmv_f16_reference(
   // REF:         %[[TC:.+]] = tensor.cast %[[T]] : tensor<?x1x?xf32> to tensor<?x1x8xf32>
   // REF:         %[[IDS:.+]] = tensor.dim %arg1, %{{.+}} : tensor<?xi64>
   // REF:         %[[ROWS:.+]] = arith.index_cast %[[IDS]] : index to i32
   // REF-DAG:     %[[TT:.+]] = tensor.cast %[[TC]] : tensor<?x1x8xf32> to tensor<?x1x?xf32>
-  // REF-DAG:     %[[B2:.+]] = tensor.cast %arg3 : tensor<5x8x512xf16> to tensor<?x?x?xf16>
-  // REF:         %[[TWO:.+]] = call @stageml_gemm_expand_f16_reference(%{{.+}}, %{{.+}}, %[[TT]], %arg1, %[[B2]], %{{.+}}, %c256_i32{{[_0-9]*}}, %c512_i32{{[_0-9]*}}, %c8_i32{{[_0-9]*}}, %[[ROWS]]) : (tensor<?x?xf16>, tensor<?x?x8x64x8xf16>, tensor<?x1x?xf32>, tensor<?xi64>, tensor<?x?x?xf16>, i32, i32, i32, i32, i32) -> tensor<?x?xf16>
-  // REF:         arith.select %[[SMALL]], %{{.+}}, %{{.+}} : tensor<?x512xf16>
+  // REF-DAG:     %[[B:.+]] = tensor.cast %arg3 : tensor<5x8x512xf16> to tensor<?x?x?xf16>
+  // REF:         call @stageml_gemm_expand_f16_reference(%{{.+}}, %{{.+}}, %[[TT]], %arg1, %[[B]], %{{.+}}, %c256_i32{{[_0-9]*}}, %c512_i32{{[_0-9]*}}, %c8_i32{{[_0-9]*}}, %[[ROWS]]) : (tensor<?x?xf16>, tensor<?x?x8x64x8xf16>, tensor<?x1x?xf32>, tensor<?xi64>, tensor<?x?x?xf16>, i32, i32, i32, i32, i32) -> tensor<?x?xf16>
   // REF-NOT:     linalg.generic
   // REF:         return
   func.func @forward_tenants(%x: tensor<?x256xf16>, %ids: tensor<?xi64>, %a: tensor<5x256x8xf16> {bt.kind = "resident"}, %b: tensor<5x8x512xf16> {bt.kind = "resident"}) -> tensor<?x512xf16> attributes {bt.stage = "dynamic", bt.program = "factorized"} {
@@ -627,25 +597,18 @@ module {
   // The same site on rows of T tokens (fuse-gathers{multi-token}'s form): the
   // per-row products take the B*T token rows, each with its row's slot (%tids),
   // and reach the add [B, T, N] through reshapes of their rows, as does the
-  // base product. The site's kernels compute the token rows; their [B*T, N]
+  // base product. The expand kernel computes the token rows; its [B*T, N]
   // result is reshaped to [B, T, N].
   // CHECK-LABEL: func.func @forward_tenant_tokens
   // CHECK:         %[[XF:.+]] = tensor.collapse_shape %arg0 {{\[}}[0, 1], [2]]
-  // CHECK:         %[[Y:.+]] = scf.if %{{.+}} -> (tensor<?x512xf16>) {
-  // CHECK:           %[[ONE:.+]]:2 = flow.dispatch @stageml_sm90::@stageml_gemm_lora_f16[{{.+}}](%[[XF]], %{{.+}}, %arg1, %arg2, %arg3, {{.+}}) : {{.+}} -> (tensor<?x512xf16>{%{{.+}}}, tensor<1x?x8xf32>{%{{.+}}})
-  // CHECK:           scf.yield %[[ONE]]#0
-  // CHECK:         } else {
-  // CHECK:           %[[T:.+]] = flow.dispatch @stageml_sm90::@stageml_bgmv_f16[{{.+}}](%{{.+}}, %arg1, %arg2, {{.+}}) : {{.+}} -> tensor<?x1x8xf32>
-  // CHECK:           %[[TWO:.+]] = flow.dispatch @stageml_sm90::@stageml_gemm_expand_f16[{{.+}}](%[[XF]], %{{.+}}, %[[T]], %arg1, %arg3, {{.+}}) : {{.+}} -> tensor<?x512xf16>
-  // CHECK:           scf.yield %[[TWO]]
+  // CHECK:         %[[T:.+]] = flow.dispatch @stageml_sm90::@stageml_bgmv_f16[{{.+}}](%{{.+}}, %arg1, %arg2, {{.+}}) : {{.+}} -> tensor<?x1x8xf32>
+  // CHECK:         %[[Y:.+]] = flow.dispatch @stageml_sm90::@stageml_gemm_expand_f16[{{.+}}](%[[XF]], %{{.+}}, %[[T]], %arg1, %arg3, {{.+}}) : {{.+}} -> tensor<?x512xf16>
   // CHECK-NOT:     linalg.generic
   // CHECK:         %[[Y3:.+]] = tensor.expand_shape %[[Y]] {{\[}}[0, 1], [2]] output_shape [%{{.+}}, %{{.+}}, 512] : tensor<?x512xf16> into tensor<?x?x512xf16>
   // CHECK:         return %[[Y3]]
   // REF-LABEL: func.func @forward_tenant_tokens
-  // REF:         call @stageml_gemm_lora_f16_reference(
   // REF:         call @stageml_bgmv_f16_reference(
   // REF:         call @stageml_gemm_expand_f16_reference(
-  // REF:         arith.select
   // REF-NOT:     linalg.generic
   // REF:         tensor.expand_shape
   // REF:         return
