@@ -39,6 +39,10 @@ rank R, and is described with its expert count E:
 
 (a stack stored [E, in, out], GPT-OSS's, multiplies A's transpose by B's.)
 
+PEFT merges a half-precision parameter in float32: W and the factors cast up,
+the sum cast back, `to.dtype(to.dtype(W, f32) + s·bmm(to.dtype(b), to.dtype(a)), f16)`.
+That is the same site; it is rebuilt in the parameter's own dtype, as above.
+
 The sites are described once, on the module, for everything downstream
 (the manifest, the cost policy, the PEFT loader): one dictionary per site
 naming its factor arguments, with shapes, the model's rank and scaling,
@@ -135,6 +139,14 @@ def _rebuild(op, x, wt, biases, a, b, rank) -> None:
 
 
 _LAYOUT = ("torch.aten.view", "torch.aten.reshape", "torch.aten.permute", "torch.aten.transpose.int")
+_CAST = "torch.aten.to.dtype"
+
+
+def _uncast(value):
+    """`value` before the dtype casts it went through."""
+    while not isinstance(value.owner, ir.Block) and value.owner.operation.name == _CAST:
+        value = value.owner.operation.operands[0]
+    return value
 
 
 def _layout_of_argument(value):
@@ -143,7 +155,7 @@ def _layout_of_argument(value):
     experts_first = False
     while not isinstance(value.owner, ir.Block):
         op = value.owner.operation
-        if op.name not in _LAYOUT:
+        if op.name not in _LAYOUT and op.name != _CAST:
             return None
         if op.name == "torch.aten.permute" and not isinstance(op.operands[1].owner, ir.Block):
             experts_first |= [constant(v) for v in op.operands[1].owner.operation.operands] == [2, 0, 1]
@@ -153,12 +165,17 @@ def _layout_of_argument(value):
 
 def _merged_parameter(op, dims: int):
     """(W, the product of the delta, s) when `op` is PEFT's merged parameter W + s·delta of
-    a static `dims`-dimensional W, at adapter time, else None."""
+    a static `dims`-dimensional W, at adapter time, of W's type (cast back to it where the sum
+    was taken in float32), else None."""
+    if op.name == _CAST and not isinstance(op.operands[0].owner, ir.Block):
+        merged, op = op.result.type, op.operands[0].owner.operation
+    else:
+        merged = op.results[0].type if len(op.results) == 1 else None
     if (op.name != "torch.aten.add.Tensor" or value_time(op.result) != BindingTime.ADAPTER
             or constant(op.operands[2]) != 1):
         return None
-    w, delta = op.operands[0], op.operands[1]
-    if value_time(w) != BindingTime.STATIC or len(vtensor_shape(w.type)[0]) != dims:
+    w, delta = _uncast(op.operands[0]), op.operands[1]
+    if value_time(w) != BindingTime.STATIC or len(vtensor_shape(w.type)[0]) != dims or w.type != merged:
         return None
     scaling = 1.0
     while not isinstance(delta.owner, ir.Block) and delta.owner.operation.name == "torch.aten.mul.Scalar":
@@ -176,7 +193,7 @@ def _parameter_site(op):
     if merged is None or merged[1].name not in ("torch.aten.mm", "torch.aten.matmul"):
         return None
     w, product, scaling = merged
-    b, a = product.operands
+    b, a = (_uncast(v) for v in product.operands)
     if not all(isinstance(v.owner, ir.Block) and value_time(v) == BindingTime.ADAPTER for v in (a, b)):
         return None
     return w, a, b, scaling
