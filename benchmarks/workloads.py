@@ -1,4 +1,5 @@
-"""The models the benchmarks time: a 4096x4096 linear layer, a stack of LoRA layers and a small Llama."""
+"""The models the benchmarks time (a 4096x4096 linear layer, a stack of LoRA layers, a small Llama
+and a small Mixtral), and the inputs an MoE check can trust."""
 
 import torch
 from torch import nn
@@ -97,3 +98,28 @@ class TenantStack(LoraStack):
     [r, d], B [d, r] in PEFT's layout (lora-sites finds them by their names)."""
 
     peft_layout = True
+
+
+def decisively_routed(model: nn.Module, forward, shape: tuple, margin: float, tries: int):
+    """Token ids of `shape` and `forward(ids)` for them, drawn until, in every router of `model`
+    that `forward` runs, every token's k-th router logit beats the next by `margin`. Near a tie,
+    the expert a half-precision model picks is a rounding's choice (PyTorch's own fp16 and bf16
+    runs differ from float64 there), and one token routed elsewhere moves the logits by more
+    than any bound."""
+    gaps = []
+    routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+    hooks = [r.register_forward_hook(lambda m, args, out: gaps.append(
+        (lambda z: z[..., m.top_k - 1] - z[..., m.top_k])(out[0].sort(-1, descending=True).values)))
+        for r in routers]
+    try:
+        for _ in range(tries):
+            gaps.clear()
+            ids = torch.randint(0, 128, shape)
+            with torch.no_grad():
+                expected = forward(ids)
+            if min(float(g.min()) for g in gaps) >= margin:
+                return ids, expected
+    finally:
+        for hook in hooks:
+            hook.remove()
+    raise RuntimeError(f"no input of shape {shape} routed every token by a margin of {margin} in {tries} tries")

@@ -2,6 +2,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(1, str(Path(__file__).parents[1] / "benchmarks"))  # workloads: models and inputs shared with the benchmarks
 
 
 def pytest_configure(config):

@@ -8,6 +8,7 @@ from torch.export import Dim
 
 import stageml
 from models import CausalLM, rel_err
+from workloads import decisively_routed
 from stageml.errors import AdapterError
 
 _COMMON = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -213,38 +214,14 @@ def test_half_precision_expert_lora(dtype, bound, tmp_path):
     reference = peft_model.double()
     reference.base_model.model.config._experts_implementation = "eager"
     for shape in [(1, 1), (2, 6)]:
-        x, expected = _decisively_routed(reference, shape)
+        x, expected = decisively_routed(reference, lambda x: reference(x).logits, shape, 0.1, 50)
         y = mod(x)
         assert y.dtype == dtype
         assert rel_err(y, expected) <= bound, shape
 
 
-def _decisively_routed(reference, shape, margin=0.1, tries=50):
-    """Token ids of `shape` and `reference`'s logits for them, drawn until every token's k-th
-    router logit beats the next by `margin` in every layer. Near a tie, the expert a
-    half-precision model picks is a rounding's choice (PyTorch's own bf16 run differs from
-    float64 there), and one token routed elsewhere moves the logits by more than the bound."""
-    gaps = []
-    routers = [m for m in reference.modules() if type(m).__name__.endswith("TopKRouter")]
-    hooks = [r.register_forward_hook(lambda m, args, out: gaps.append(
-        (lambda z: z[..., m.top_k - 1] - z[..., m.top_k])(out[0].sort(-1, descending=True).values)))
-        for r in routers]
-    try:
-        for _ in range(tries):
-            gaps.clear()
-            x = torch.randint(0, 128, shape)
-            with torch.no_grad():
-                expected = reference(x).logits
-            if min(float(g.min()) for g in gaps) >= margin:
-                return x, expected
-    finally:
-        for hook in hooks:
-            hook.remove()
-    pytest.fail(f"no input of shape {shape} routed every token by a margin of {margin} in {tries} tries")
-
-
-def _expert_adapter(model, path, seed: int, **config):
-    """A PEFT adapter on a copy of `model` with random (non-zero) factors, saved to `path`."""
+def _expert_adapter(model, path, seed: int, std: float = 0.1, **config):
+    """A PEFT adapter on a copy of `model` with random N(0, std²) factors, saved to `path`."""
     import copy
     from peft import LoraConfig, get_peft_model
 
@@ -253,7 +230,7 @@ def _expert_adapter(model, path, seed: int, **config):
     with torch.no_grad():
         for name, p in peft_model.named_parameters():
             if "lora_" in name:
-                p.normal_(0, 0.1)
+                p.normal_(0, std)
     peft_model.save_pretrained(str(path))
     return peft_model
 
@@ -314,6 +291,45 @@ def test_expert_lora_tenants_in_one_batch(tenants, policy):
         assert mod.stats()["bytes_held"] <= mod.stats()["budget"]
     else:
         assert set(forms.values()) == {policy}
+
+
+@pytest.mark.parametrize("dtype, bound", [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
+def test_half_precision_expert_lora_tenants(dtype, bound, tmp_path):
+    """Half-precision rows of two tenants' expert LoRA and the base model in one batch, each
+    against PEFT with that row's adapter, in float64 on the same half-precision weights. PEFT
+    merges a half-precision expert stack in float32 (casts around the merge): it is still
+    the site each tenant's factors serve."""
+    import copy
+    _seeded()
+    model = transformers.AutoModelForCausalLM.from_config(FAMILIES["mixtral"]()).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):  # a router as decisive as a trained one, not near-uniform
+                p.mul_(20)
+    model = model.to(dtype)
+    # factors of N(0, 0.05²): PyTorch's own bf16 run of the usual 0.1 misses bf16's bound by itself
+    peft = {"a": _expert_adapter(model, tmp_path / "a", 1, 0.05, r=4, lora_alpha=8,
+                                 target_modules=["q_proj", "v_proj"], target_parameters=EXPERTS).to(dtype),
+            "b": _expert_adapter(model, tmp_path / "b", 2, 0.05, r=2, lora_alpha=4, use_rslora=True,
+                                 target_parameters=EXPERTS).to(dtype)}
+    art = stageml.compile(peft["a"], (torch.randint(0, 128, (2, 7)),), max_adapters=2, max_rank=4,
+                          dynamic_shapes=({0: Dim("batch", max=8), 1: Dim("seq", max=32)},))
+    expert_sites = [s for s in art.tenants["sites"] if s["experts"]]
+    assert len(expert_sites) == 4 and {s["dtype"] for s in expert_sites} == {str(dtype).removeprefix("torch.")}
+    assert art.report.rewrites["expert-factors"] == 4
+    mod = art.load(str(tmp_path / "half.vmfb"))
+    for name in peft:
+        mod.load_adapter(name, str(tmp_path / name))
+    references = {name: copy.deepcopy(m).double() for name, m in {**peft, None: model}.items()}
+    for reference in references.values():
+        reference.config._experts_implementation = "eager"  # no float64 grouped_mm
+    rows = ["a", None, "b", "a"]
+    x, expected = decisively_routed(torch.nn.ModuleList(references.values()), lambda x: [
+        references[name](x[i:i + 1]).logits for i, name in enumerate(rows)], (len(rows), 6), 0.1, 100)
+    ys = mod.run_batch(x.numpy(), adapters=rows)
+    for i, name in enumerate(rows):
+        assert rel_err(ys[i:i + 1], expected[i]) <= bound, (i, name)
+    assert rel_err(mod(x[2:3].numpy(), adapter="b"), expected[2]) <= bound
 
 
 def _routed(model, x) -> list:

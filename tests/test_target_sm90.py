@@ -263,7 +263,8 @@ def test_sm90_moe_rewrites_match_transformers_on_the_cpu(tmp_path):
     blocks of one expert) takes the BGMV kernel, the dense products the GEMM; against the
     same weights in float64."""
     import transformers
-    from test_moe import FAMILIES, _decisively_routed, _seeded
+    from test_moe import FAMILIES, _seeded
+    from workloads import decisively_routed
 
     _seeded()
     model = transformers.AutoModelForCausalLM.from_config(FAMILIES["mixtral"]()).eval()
@@ -279,7 +280,7 @@ def test_sm90_moe_rewrites_match_transformers_on_the_cpu(tmp_path):
     reference = model.double()
     reference.config._experts_implementation = "eager"
     for shape in [(1, 1), (2, 7), (4, 20)]:  # 4 x 20: 160 routed rows, in blocks
-        x, expected = _decisively_routed(reference, shape, margin=0.05, tries=300)
+        x, expected = decisively_routed(reference, lambda x: reference(x).logits, shape, 0.05, 300)
         assert rel_err(mod(x), expected) <= 2e-3, shape
 
 

@@ -25,10 +25,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from h200 import BOUNDS, check, finish, rel_err, tenant_module  # noqa: E402
 
 import stageml  # noqa: E402
-from workloads import EXPERT_LORA, Logits, small_mixtral  # noqa: E402
+from workloads import EXPERT_LORA, Logits, decisively_routed, small_mixtral  # noqa: E402
 
 SHAPES = ((1, 2), (1, 16), (4, 20))  # (the export takes sequences of 2 tokens or more)
 ADAPTERS = ("m0", "m1")
+ROUTING_MARGIN, TRIES = 1e-3, 300
 
 
 def peft_mixtral(art_dir: str):
@@ -49,9 +50,7 @@ def single(art_dir: str, reference) -> list:
     for target in ("sm90", "cuda"):
         mod = stageml.load(os.path.join(art_dir, f"mixtral-f16-{target}.vmfb"))
         for batch, seq in SHAPES:
-            ids = torch.randint(0, 128, (batch, seq))
-            with torch.no_grad():
-                expected = reference(ids)
+            ids, expected = decisively_routed(reference, reference, (batch, seq), ROUTING_MARGIN, TRIES)
             for kind, got in (("numpy", mod(ids.numpy())), ("torch", mod(ids.cuda()))):
                 err = rel_err(got, expected)
                 check(f"mixtral f16 {target} {batch}x{seq}, {kind} in", err, BOUNDS["f16"])
@@ -65,9 +64,9 @@ def tenants(art_dir: str, reference) -> list:
         peft.load_adapter(os.path.join(art_dir, "adapters", name), adapter_name=name)
     peft = peft.double().eval()
     rows = ["m0", None, "m1", "m0"]
-    ids = torch.randint(0, 128, (len(rows), 12))
-    expected = []
-    with torch.no_grad():
+
+    def per_row(ids):  # each row by PEFT with its own adapter (or none)
+        expected = []
         for i, name in enumerate(rows):
             if name is None:
                 with peft.disable_adapter():
@@ -75,6 +74,9 @@ def tenants(art_dir: str, reference) -> list:
             else:
                 peft.set_adapter(name)
                 expected.append(peft(input_ids=ids[i:i + 1], use_cache=False).logits)
+        return expected
+
+    ids, expected = decisively_routed(peft, per_row, (len(rows), 12), ROUTING_MARGIN, TRIES)
     lines = []
     for policy in ("factorized", "merged"):
         mod = tenant_module(art_dir, "mixtral-tenants-f16-sm90", policy, ADAPTERS)
