@@ -69,6 +69,20 @@ def test_moe_family_matches_transformers(family, tmp_path):
         assert rel_err(mod(x.numpy()), expected) <= 1e-4, shape
 
 
+@pytest.mark.parametrize("shape, grouped", [((2, 8), 0), ((4, 40), 4)], ids=["32-rows", "320-rows"])
+def test_moe_compiles_without_dynamic_shapes(shape, grouped, tmp_path):
+    """Compiled for one static shape, the count of routed rows is known at compile time:
+    32 keep their per-row products, 320 are grouped in blocks, with no branch on the count."""
+    _seeded()
+    model = transformers.AutoModelForCausalLM.from_config(FAMILIES["mixtral"]()).eval()
+    x = torch.randint(0, 128, shape)
+    art = stageml.compile(model, (x,))
+    assert art.report.rewrites.get("group-experts", 0) == grouped
+    mod = art.load(str(tmp_path / "static.vmfb"))
+    with torch.no_grad():
+        assert rel_err(mod(x.numpy()), model(x).logits.numpy()) <= 1e-4
+
+
 class _TopK(torch.nn.Module):
     def __init__(self, k: int, largest: bool = True):
         super().__init__()

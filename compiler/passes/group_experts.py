@@ -9,7 +9,8 @@ read at most N/B + E (the grouped GEMM of MoE kernels): on a 2-vCPU EPYC with
 against 1684 ms row by row (256 rows: 178 against 375 ms). A few rows are
 cheaper row by row (a block computes B rows), so the rewrite branches on N,
 in each request-time function, for an expert stack that is a parameter or
-adapter state (not a slot table: those hold per-row factors):
+adapter state (not a slot table: those hold per-row factors); where N is
+static (a compile without dynamic shapes), the branch is taken now:
 
     %g = torch.aten.index_select %W, 0, %e : [E,K,O], [?] -> [?,K,O]
     %y = torch.aten.bmm %x, %g             : [?,1,K], [?,K,O] -> [?,1,O]
@@ -22,6 +23,7 @@ adapter state (not a slot table: those hold per-row factors):
       %yb = bmm (view %xp [N/B+E, B, K]), (index_select %W, 0, %be)
       yield view (index_select (view %yb [(N/B+E)·B, O]), 0, %pos), [N,1,O]
     } else { yield bmm %x, (index_select %W, 0, %e) }
+  (N static: the first region's value if N >= min-rows, else %y unchanged)
 
 (The blocks past the last expert's are zero rows multiplied by expert E-1.)
 """
@@ -60,9 +62,12 @@ def _stack(func, value):
     return value if kind in _STACKS and len(dims) == 3 and None not in dims else None
 
 
-def _grouped(x, w, e, block: int) -> ir.Value:
-    """bmm(x, index_select(w, 0, e)) computed in blocks of `block` rows of one expert."""
+def _grouped(x, w, e, block: int, type_) -> ir.Value:
+    """bmm(x, index_select(w, 0, e)), of type `type_`, computed in blocks of `block` rows of one expert."""
     (experts, k, o), dtype = vtensor_shape(w.type)
+    n_ = vtensor_shape(e.type)[0][0]  # the rows, blocks and their capacity: static where the rows are
+    count_ = None if n_ is None else n_ // block + experts
+    capacity_ = None if count_ is None else count_ * block
     none, false = torch_d.ConstantNoneOp().result, torch_d.ConstantBoolOp(False).result
     zero, one = const_int(0), const_int(1)
 
@@ -72,10 +77,10 @@ def _grouped(x, w, e, block: int) -> ir.Value:
     n = torch_d.AtenSizeIntOp(e, zero).result
     iota = torch_d.ValueTensorLiteralOp(ir.DenseElementsAttr.get(
         np.arange(experts, dtype=np.int64), signless=False, type=ir.IntegerType.get_signed(64))).result
-    column = torch_d.AtenUnsqueezeOp(long([None, 1]), e, one).result
-    hits = torch_d.AtenEqTensorOp(vtensor_type([None, experts], "i1"), column, iota).result
-    onehot = torch_d.AtenToDtypeOp(long([None, experts]), hits, const_int(_INT64), false, false, none).result
-    rank = torch_d.AtenCumsumOp(long([None, experts]), onehot, zero, none).result
+    column = torch_d.AtenUnsqueezeOp(long([n_, 1]), e, one).result
+    hits = torch_d.AtenEqTensorOp(vtensor_type([n_, experts], "i1"), column, iota).result
+    onehot = torch_d.AtenToDtypeOp(long([n_, experts]), hits, const_int(_INT64), false, false, none).result
+    rank = torch_d.AtenCumsumOp(long([n_, experts]), onehot, zero, none).result
     counts = torch_d.AtenSumDimIntListOp(long([experts]), onehot, _ints([0]), false, none).result
     rounded = torch_d.AtenAddScalarOp(long([experts]), counts, const_int(block - 1), one).result
     divisor = torch_d.ValueTensorLiteralOp(ir.DenseElementsAttr.get_splat(
@@ -85,33 +90,33 @@ def _grouped(x, w, e, block: int) -> ir.Value:
     padded = torch_d.AtenMulScalarOp(long([experts]), blocks_of, const_int(block)).result
     ends = torch_d.AtenCumsumOp(long([experts]), padded, zero, none).result
     starts = torch_d.AtenSubTensorOp(long([experts]), ends, padded, one).result
-    first = torch_d.AtenAddTensorOp(long([None, experts]), torch_d.AtenUnsqueezeOp(long([1, experts]), starts, zero).result,
+    first = torch_d.AtenAddTensorOp(long([n_, experts]), torch_d.AtenUnsqueezeOp(long([1, experts]), starts, zero).result,
                                     rank, one).result
-    place = torch_d.AtenSubScalarOp(long([None, experts]), first, one, one).result
-    pos = torch_d.AtenSumDimIntListOp(long([None]), torch_d.AtenMulTensorOp(long([None, experts]), place, onehot).result,
+    place = torch_d.AtenSubScalarOp(long([n_, experts]), first, one, one).result
+    pos = torch_d.AtenSumDimIntListOp(long([n_]), torch_d.AtenMulTensorOp(long([n_, experts]), place, onehot).result,
                                       _ints([1]), false, none).result
     count = torch_d.AtenAddIntOp(torch_d.AtenFloordivIntOp(n, const_int(block)).result, const_int(experts)).result
     capacity = torch_d.AtenMulIntOp(count, const_int(block)).result
     fill = torch_d.ValueTensorLiteralOp(ir.DenseElementsAttr.get_splat(
         ir.RankedTensorType.get([], ir.Type.parse(dtype)), ir.FloatAttr.get(ir.Type.parse(dtype), 0.0))).result
-    zeros = torch_d.AtenBroadcastToOp(vtensor_type([None, k], dtype), fill, _ints([capacity, k])).result
-    rows = torch_d.AtenViewOp(vtensor_type([None, k], dtype), x, _ints([n, k])).result
+    zeros = torch_d.AtenBroadcastToOp(vtensor_type([capacity_, k], dtype), fill, _ints([capacity, k])).result
+    rows = torch_d.AtenViewOp(vtensor_type([n_, k], dtype), x, _ints([n, k])).result
     indices = torch_d.PrimListConstructOp(ir.Type.parse("!torch.list<vtensor>"), [pos]).result
-    placed = torch_d.AtenIndexPutHackedTwinOp(vtensor_type([None, k], dtype), zeros, indices, rows, false).result
+    placed = torch_d.AtenIndexPutHackedTwinOp(vtensor_type([capacity_, k], dtype), zeros, indices, rows, false).result
     cpu = torch_d.ConstantDeviceOp("cpu").result
-    starts_of = torch_d.AtenMulScalarOp(long([None]), torch_d.AtenArangeStartStepOp(
-        long([None]), zero, count, one, none, zero, cpu, false).result, const_int(block)).result
-    behind = torch_d.AtenLeTensorOp(vtensor_type([None, experts], "i1"),
+    starts_of = torch_d.AtenMulScalarOp(long([count_]), torch_d.AtenArangeStartStepOp(
+        long([count_]), zero, count, one, none, zero, cpu, false).result, const_int(block)).result
+    behind = torch_d.AtenLeTensorOp(vtensor_type([count_, experts], "i1"),
                                     torch_d.AtenUnsqueezeOp(long([1, experts]), ends, zero).result,
-                                    torch_d.AtenUnsqueezeOp(long([None, 1]), starts_of, one).result).result
-    owner = torch_d.AtenClampOp(long([None]), torch_d.AtenSumDimIntListOp(
-        long([None]), behind, _ints([1]), false, none).result, none, const_int(experts - 1)).result
-    matrices = torch_d.AtenIndexSelectOp(vtensor_type([None, k, o], dtype), w, zero, owner).result
-    blocks = torch_d.AtenViewOp(vtensor_type([None, block, k], dtype), placed, _ints([count, block, k])).result
-    products = torch_d.AtenBmmOp(vtensor_type([None, block, o], dtype), blocks, matrices).result
-    flat = torch_d.AtenViewOp(vtensor_type([None, o], dtype), products, _ints([capacity, o])).result
-    back = torch_d.AtenIndexSelectOp(vtensor_type([None, o], dtype), flat, zero, pos).result
-    return torch_d.AtenViewOp(vtensor_type([None, 1, o], dtype), back, _ints([n, 1, o])).result
+                                    torch_d.AtenUnsqueezeOp(long([count_, 1]), starts_of, one).result).result
+    owner = torch_d.AtenClampOp(long([count_]), torch_d.AtenSumDimIntListOp(
+        long([count_]), behind, _ints([1]), false, none).result, none, const_int(experts - 1)).result
+    matrices = torch_d.AtenIndexSelectOp(vtensor_type([count_, k, o], dtype), w, zero, owner).result
+    blocks = torch_d.AtenViewOp(vtensor_type([count_, block, k], dtype), placed, _ints([count, block, k])).result
+    products = torch_d.AtenBmmOp(vtensor_type([count_, block, o], dtype), blocks, matrices).result
+    flat = torch_d.AtenViewOp(vtensor_type([capacity_, o], dtype), products, _ints([capacity, o])).result
+    back = torch_d.AtenIndexSelectOp(vtensor_type([n_, o], dtype), flat, zero, pos).result
+    return torch_d.AtenViewOp(type_, back, _ints([n, 1, o])).result
 
 
 def _routed_products(func) -> list:
@@ -128,23 +133,33 @@ def _routed_products(func) -> list:
     return found
 
 
+def _by_rows(x, select, type_, options: GroupExpertsOptions) -> ir.Value:
+    """bmm(x, `select`: index_select(w, 0, e)), grouped where e has min-rows rows or more (a prim.If on them)."""
+    w, e = select.operands[0], select.operands[2]
+    long = torch_d.AtenGeIntOp(torch_d.AtenSizeIntOp(e, const_int(0)).result, const_int(options.min_rows)).result
+    branch = torch_d.PrimIfOp([type_], long)
+    with ir.InsertionPoint(branch.regions[0].blocks.append()):
+        torch_d.PrimIfYieldOp([_grouped(x, w, e, options.block, type_)])
+    with ir.InsertionPoint(branch.regions[1].blocks.append()):
+        rows = torch_d.AtenIndexSelectOp(select.results[0].type, w, const_int(0), e).result
+        torch_d.PrimIfYieldOp([torch_d.AtenBmmOp(type_, x, rows).result])
+    return branch.results[0]
+
+
 def group(func, options: GroupExpertsOptions) -> int:
     """Rewrites `func`'s routed products; returns how many."""
     count = 0
     for select, products in _routed_products(func):
         w, e = select.operands[0], select.operands[2]
+        static_rows = vtensor_shape(e.type)[0][0]
+        if static_rows is not None and static_rows < options.min_rows:
+            continue  # a few rows, known now: the per-row products stay
         for product in products:
             x, type_ = product.operands[0], product.results[0].type
             with ir.InsertionPoint(product), product.location:
-                long = torch_d.AtenGeIntOp(torch_d.AtenSizeIntOp(e, const_int(0)).result,
-                                           const_int(options.min_rows)).result
-                branch = torch_d.PrimIfOp([type_], long)
-                with ir.InsertionPoint(branch.regions[0].blocks.append()):
-                    torch_d.PrimIfYieldOp([_grouped(x, w, e, options.block)])
-                with ir.InsertionPoint(branch.regions[1].blocks.append()):
-                    rows = torch_d.AtenIndexSelectOp(select.results[0].type, w, const_int(0), e).result
-                    torch_d.PrimIfYieldOp([torch_d.AtenBmmOp(type_, x, rows).result])
-            product.results[0].replace_all_uses_with(branch.results[0])
+                y = (_by_rows(x, select, type_, options) if static_rows is None
+                     else _grouped(x, w, e, options.block, type_))
+            product.results[0].replace_all_uses_with(y)
             product.erase()
             count += 1
         select.erase()
