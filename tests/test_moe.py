@@ -309,10 +309,10 @@ def test_expert_lora_tenants_in_one_batch(tenants, policy):
 
 @pytest.mark.parametrize("dtype, bound", [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
 def test_half_precision_expert_lora_tenants(dtype, bound, tmp_path):
-    """Half-precision rows of two tenants' expert LoRA and the base model in one batch, each
-    against PEFT with that row's adapter, in float64 on the same half-precision weights. PEFT
-    merges a half-precision expert stack in float32 (casts around the merge): it is still
-    the site each tenant's factors serve."""
+    """Half-precision rows of two tenants' expert LoRA (one with router LoRA too) and the base
+    model in one batch, each against PEFT with that row's adapter, in float64 on the same
+    half-precision weights. PEFT merges a half-precision parameter (an expert stack, a router)
+    in float32, casts around the merge: it is still the site each tenant's factors serve."""
     import copy
     _seeded()
     model = transformers.AutoModelForCausalLM.from_config(FAMILIES["mixtral"]()).eval()
@@ -322,14 +322,14 @@ def test_half_precision_expert_lora_tenants(dtype, bound, tmp_path):
                 p.mul_(20)
     model = model.to(dtype)
     # factors of N(0, 0.05²): PyTorch's own bf16 run of the usual 0.1 misses bf16's bound by itself
-    peft = {"a": _expert_adapter(model, tmp_path / "a", 1, 0.05, r=4, lora_alpha=8,
-                                 target_modules=["q_proj", "v_proj"], target_parameters=EXPERTS).to(dtype),
+    peft = {"a": _expert_adapter(model, tmp_path / "a", 1, 0.05, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                 target_parameters=["mlp.gate.weight", *EXPERTS]).to(dtype),
             "b": _expert_adapter(model, tmp_path / "b", 2, 0.05, r=2, lora_alpha=4, use_rslora=True,
                                  target_parameters=EXPERTS).to(dtype)}
     art = stageml.compile(peft["a"], (torch.randint(0, 128, (2, 7)),), max_adapters=2, max_rank=4,
                           dynamic_shapes=({0: Dim("batch", max=8), 1: Dim("seq", max=32)},))
-    expert_sites = [s for s in art.tenants["sites"] if s["experts"]]
-    assert len(expert_sites) == 4 and {s["dtype"] for s in expert_sites} == {str(dtype).removeprefix("torch.")}
+    merged = [s for s in art.tenants["sites"] if s["experts"] or s["out_features"] == 4]  # experts, routers
+    assert len(merged) == 6 and {s["dtype"] for s in merged} == {str(dtype).removeprefix("torch.")}
     assert art.report.rewrites["expert-factors"] == 4
     mod = art.load(str(tmp_path / "half.vmfb"))
     for name in peft:

@@ -39,9 +39,11 @@ rank R, and is described with its expert count E:
 
 (a stack stored [E, in, out], GPT-OSS's, multiplies A's transpose by B's.)
 
-PEFT merges a half-precision parameter in float32: W and the factors cast up,
-the sum cast back, `to.dtype(to.dtype(W, f32) + s·bmm(to.dtype(b), to.dtype(a)), f16)`.
-That is the same site; it is rebuilt in the parameter's own dtype, as above.
+PEFT merges a half-precision parameter in float32: the factors cast up, and
+either the sum cast back (an expert stack: `to.dtype(to.dtype(W, f32) +
+s·bmm(to.dtype(b), to.dtype(a)), f16)`) or the delta (a 2-D parameter: `W +
+to.dtype(s·mm(to.dtype(B), to.dtype(A)), f16)`). That is the same site; it is
+rebuilt in the parameter's own dtype, as above.
 
 The sites are described once, on the module, for everything downstream
 (the manifest, the cost policy, the PEFT loader): one dictionary per site
@@ -177,13 +179,13 @@ def _merged_parameter(op, dims: int):
     w, delta = _uncast(op.operands[0]), op.operands[1]
     if value_time(w) != BindingTime.STATIC or len(vtensor_shape(w.type)[0]) != dims or w.type != merged:
         return None
-    scaling = 1.0
+    scaling, delta = 1.0, _uncast(delta)
     while not isinstance(delta.owner, ir.Block) and delta.owner.operation.name == "torch.aten.mul.Scalar":
         factor = constant(delta.owner.operation.operands[1])
         if factor is None:
             return None
         scaling *= factor
-        delta = delta.owner.operation.operands[0]
+        delta = _uncast(delta.owner.operation.operands[0])
     return None if isinstance(delta.owner, ir.Block) else (w, delta.owner.operation, scaling)
 
 
