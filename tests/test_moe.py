@@ -204,6 +204,16 @@ def test_router_lora_tenants_in_one_batch(tmp_path):
         assert rel_err(mod(x.numpy(), adapter="b"), expected["b"]) <= 1e-4, policy
 
 
+def _decisive_mixtral():
+    """The Mixtral-shaped model with routers as decisive as a trained one's, not near-uniform."""
+    model = transformers.AutoModelForCausalLM.from_config(FAMILIES["mixtral"]()).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.mul_(20)
+    return model
+
+
 @pytest.mark.parametrize("dtype, bound", [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
 def test_half_precision_expert_lora(dtype, bound, tmp_path):
     """A half-precision Mixtral with LoRA on its experts and attention, against the same
@@ -211,16 +221,13 @@ def test_half_precision_expert_lora(dtype, bound, tmp_path):
     from peft import LoraConfig, get_peft_model
 
     _seeded()
-    config = FAMILIES["mixtral"]()
-    peft_model = get_peft_model(transformers.AutoModelForCausalLM.from_config(config), LoraConfig(
+    peft_model = get_peft_model(_decisive_mixtral(), LoraConfig(
         r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
         target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])).eval()
     with torch.no_grad():
         for name, p in peft_model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.1)
-            if name.endswith("mlp.gate.weight"):  # a router as decisive as a trained one, not near-uniform
-                p.mul_(20)
     peft_model = peft_model.to(dtype)
     ids = torch.randint(0, 128, (2, 7))
     art = stageml.compile(peft_model, (ids,), dynamic_shapes=({0: Dim("batch", max=8), 1: Dim("seq", max=32)},))
@@ -315,12 +322,7 @@ def test_half_precision_expert_lora_tenants(dtype, bound, tmp_path):
     in float32, casts around the merge: it is still the site each tenant's factors serve."""
     import copy
     _seeded()
-    model = transformers.AutoModelForCausalLM.from_config(FAMILIES["mixtral"]()).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("mlp.gate.weight"):  # a router as decisive as a trained one, not near-uniform
-                p.mul_(20)
-    model = model.to(dtype)
+    model = _decisive_mixtral().to(dtype)
     # factors of N(0, 0.05²): PyTorch's own bf16 run of the usual 0.1 misses bf16's bound by itself
     peft = {"a": _expert_adapter(model, tmp_path / "a", 1, 0.05, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                                  target_parameters=["mlp.gate.weight", *EXPERTS]).to(dtype),

@@ -262,17 +262,11 @@ def test_sm90_moe_rewrites_match_transformers_on_the_cpu(tmp_path):
     routed row's product with its expert's matrix (gathered by the routed id, per row and in
     blocks of one expert) takes the BGMV kernel, the dense products the GEMM; against the
     same weights in float64."""
-    import transformers
-    from test_moe import FAMILIES, _seeded
+    from test_moe import _decisive_mixtral, _seeded
     from workloads import decisively_routed
 
     _seeded()
-    model = transformers.AutoModelForCausalLM.from_config(FAMILIES["mixtral"]()).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("mlp.gate.weight"):  # a router as decisive as a trained one, not near-uniform
-                p.mul_(20)
-    model = model.half()
+    model = _decisive_mixtral().half()
     art = stageml.compile(model, (torch.randint(0, 128, (2, 7)),), target="sm90", custom_kernels="reference",
                           dynamic_shapes=({0: Dim("batch", max=8), 1: Dim("seq", max=32)},))
     assert art.report.custom_kernels == {"stageml_bgmv": 8, "stageml_gemm": 5}  # 2 layers x 2 stacks x 2 forms
