@@ -65,9 +65,9 @@ def _stack(func, value):
 def _grouped(x, w, e, block: int, type_) -> ir.Value:
     """bmm(x, index_select(w, 0, e)), of type `type_`, computed in blocks of `block` rows of one expert."""
     (experts, k, o), dtype = vtensor_shape(w.type)
-    n_ = vtensor_shape(e.type)[0][0]  # the rows, blocks and their capacity: static where the rows are
-    count_ = None if n_ is None else n_ // block + experts
-    capacity_ = None if count_ is None else count_ * block
+    rows_dim = vtensor_shape(e.type)[0][0]  # the dims of rows, blocks and capacity: static where the rows are
+    blocks_dim = None if rows_dim is None else rows_dim // block + experts
+    capacity_dim = None if blocks_dim is None else blocks_dim * block
     none, false = torch_d.ConstantNoneOp().result, torch_d.ConstantBoolOp(False).result
     zero, one = const_int(0), const_int(1)
 
@@ -77,10 +77,10 @@ def _grouped(x, w, e, block: int, type_) -> ir.Value:
     n = torch_d.AtenSizeIntOp(e, zero).result
     iota = torch_d.ValueTensorLiteralOp(ir.DenseElementsAttr.get(
         np.arange(experts, dtype=np.int64), signless=False, type=ir.IntegerType.get_signed(64))).result
-    column = torch_d.AtenUnsqueezeOp(long([n_, 1]), e, one).result
-    hits = torch_d.AtenEqTensorOp(vtensor_type([n_, experts], "i1"), column, iota).result
-    onehot = torch_d.AtenToDtypeOp(long([n_, experts]), hits, const_int(_INT64), false, false, none).result
-    rank = torch_d.AtenCumsumOp(long([n_, experts]), onehot, zero, none).result
+    column = torch_d.AtenUnsqueezeOp(long([rows_dim, 1]), e, one).result
+    hits = torch_d.AtenEqTensorOp(vtensor_type([rows_dim, experts], "i1"), column, iota).result
+    onehot = torch_d.AtenToDtypeOp(long([rows_dim, experts]), hits, const_int(_INT64), false, false, none).result
+    rank = torch_d.AtenCumsumOp(long([rows_dim, experts]), onehot, zero, none).result
     counts = torch_d.AtenSumDimIntListOp(long([experts]), onehot, _ints([0]), false, none).result
     rounded = torch_d.AtenAddScalarOp(long([experts]), counts, const_int(block - 1), one).result
     divisor = torch_d.ValueTensorLiteralOp(ir.DenseElementsAttr.get_splat(
@@ -90,32 +90,34 @@ def _grouped(x, w, e, block: int, type_) -> ir.Value:
     padded = torch_d.AtenMulScalarOp(long([experts]), blocks_of, const_int(block)).result
     ends = torch_d.AtenCumsumOp(long([experts]), padded, zero, none).result
     starts = torch_d.AtenSubTensorOp(long([experts]), ends, padded, one).result
-    first = torch_d.AtenAddTensorOp(long([n_, experts]), torch_d.AtenUnsqueezeOp(long([1, experts]), starts, zero).result,
-                                    rank, one).result
-    place = torch_d.AtenSubScalarOp(long([n_, experts]), first, one, one).result
-    pos = torch_d.AtenSumDimIntListOp(long([n_]), torch_d.AtenMulTensorOp(long([n_, experts]), place, onehot).result,
+    first = torch_d.AtenAddTensorOp(long([rows_dim, experts]),
+                                    torch_d.AtenUnsqueezeOp(long([1, experts]), starts, zero).result, rank, one).result
+    place = torch_d.AtenSubScalarOp(long([rows_dim, experts]), first, one, one).result
+    pos = torch_d.AtenSumDimIntListOp(long([rows_dim]),
+                                      torch_d.AtenMulTensorOp(long([rows_dim, experts]), place, onehot).result,
                                       _ints([1]), false, none).result
     count = torch_d.AtenAddIntOp(torch_d.AtenFloordivIntOp(n, const_int(block)).result, const_int(experts)).result
     capacity = torch_d.AtenMulIntOp(count, const_int(block)).result
     fill = torch_d.ValueTensorLiteralOp(ir.DenseElementsAttr.get_splat(
         ir.RankedTensorType.get([], ir.Type.parse(dtype)), ir.FloatAttr.get(ir.Type.parse(dtype), 0.0))).result
-    zeros = torch_d.AtenBroadcastToOp(vtensor_type([capacity_, k], dtype), fill, _ints([capacity, k])).result
-    rows = torch_d.AtenViewOp(vtensor_type([n_, k], dtype), x, _ints([n, k])).result
+    zeros = torch_d.AtenBroadcastToOp(vtensor_type([capacity_dim, k], dtype), fill, _ints([capacity, k])).result
+    rows = torch_d.AtenViewOp(vtensor_type([rows_dim, k], dtype), x, _ints([n, k])).result
     indices = torch_d.PrimListConstructOp(ir.Type.parse("!torch.list<vtensor>"), [pos]).result
-    placed = torch_d.AtenIndexPutHackedTwinOp(vtensor_type([capacity_, k], dtype), zeros, indices, rows, false).result
+    placed = torch_d.AtenIndexPutHackedTwinOp(vtensor_type([capacity_dim, k], dtype), zeros, indices, rows,
+                                              false).result
     cpu = torch_d.ConstantDeviceOp("cpu").result
-    starts_of = torch_d.AtenMulScalarOp(long([count_]), torch_d.AtenArangeStartStepOp(
-        long([count_]), zero, count, one, none, zero, cpu, false).result, const_int(block)).result
-    behind = torch_d.AtenLeTensorOp(vtensor_type([count_, experts], "i1"),
+    starts_of = torch_d.AtenMulScalarOp(long([blocks_dim]), torch_d.AtenArangeStartStepOp(
+        long([blocks_dim]), zero, count, one, none, zero, cpu, false).result, const_int(block)).result
+    behind = torch_d.AtenLeTensorOp(vtensor_type([blocks_dim, experts], "i1"),
                                     torch_d.AtenUnsqueezeOp(long([1, experts]), ends, zero).result,
-                                    torch_d.AtenUnsqueezeOp(long([count_, 1]), starts_of, one).result).result
-    owner = torch_d.AtenClampOp(long([count_]), torch_d.AtenSumDimIntListOp(
-        long([count_]), behind, _ints([1]), false, none).result, none, const_int(experts - 1)).result
-    matrices = torch_d.AtenIndexSelectOp(vtensor_type([count_, k, o], dtype), w, zero, owner).result
-    blocks = torch_d.AtenViewOp(vtensor_type([count_, block, k], dtype), placed, _ints([count, block, k])).result
-    products = torch_d.AtenBmmOp(vtensor_type([count_, block, o], dtype), blocks, matrices).result
-    flat = torch_d.AtenViewOp(vtensor_type([capacity_, o], dtype), products, _ints([capacity, o])).result
-    back = torch_d.AtenIndexSelectOp(vtensor_type([n_, o], dtype), flat, zero, pos).result
+                                    torch_d.AtenUnsqueezeOp(long([blocks_dim, 1]), starts_of, one).result).result
+    owner = torch_d.AtenClampOp(long([blocks_dim]), torch_d.AtenSumDimIntListOp(
+        long([blocks_dim]), behind, _ints([1]), false, none).result, none, const_int(experts - 1)).result
+    matrices = torch_d.AtenIndexSelectOp(vtensor_type([blocks_dim, k, o], dtype), w, zero, owner).result
+    blocks = torch_d.AtenViewOp(vtensor_type([blocks_dim, block, k], dtype), placed, _ints([count, block, k])).result
+    products = torch_d.AtenBmmOp(vtensor_type([blocks_dim, block, o], dtype), blocks, matrices).result
+    flat = torch_d.AtenViewOp(vtensor_type([capacity_dim, o], dtype), products, _ints([capacity, o])).result
+    back = torch_d.AtenIndexSelectOp(vtensor_type([rows_dim, o], dtype), flat, zero, pos).result
     return torch_d.AtenViewOp(type_, back, _ints([n, 1, o])).result
 
 
