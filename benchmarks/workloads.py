@@ -101,8 +101,9 @@ class TenantStack(LoraStack):
 
 
 def decisively_routed(model: nn.Module, forward, shape: tuple, margin: float, tries: int):
-    """Token ids of `shape` and `forward(ids)` for them, drawn until, in every router of `model`
-    that `forward` runs, every token's k-th router logit beats the next by `margin`. Near a tie,
+    """Token ids of `shape` (below 128: the small models' vocabulary) and `forward(ids)` for them,
+    drawn until, in every router of `model` that `forward` runs, every token's k-th router logit
+    beats the next by `margin`. Near a tie,
     the expert a half-precision model picks is a rounding's choice (PyTorch's own fp16 and bf16
     runs differ from float64 there), and one token routed elsewhere moves the logits by more
     than any bound."""

@@ -157,7 +157,7 @@ def _layout_of_argument(value):
     experts_first = False
     while not isinstance(value.owner, ir.Block):
         op = value.owner.operation
-        if op.name not in _LAYOUT and op.name != _CAST:
+        if op.name not in (*_LAYOUT, _CAST):
             return None
         if op.name == "torch.aten.permute" and not isinstance(op.operands[1].owner, ir.Block):
             experts_first |= [constant(v) for v in op.operands[1].owner.operation.operands] == [2, 0, 1]
