@@ -17,7 +17,8 @@ element into its buffer), which x or w send to the scalar path; M = 0, which
 must leave y alone. The wgmma GEMM at every token-tile size and its edges
 (1-513 rows, more than one tile along z) and on ragged model shapes; the
 fused expand (each row's own slot, slot 0 the base model, rows past the ids
-taking slot 0). BGMV (rows of one token, each by its own slot's factor,
+taking slot 0); the fused shrink and expand (the same, and more blocks than SMs,
+and calls of one site back to back). BGMV (rows of one token, each by its own slot's factor,
 f32 out) against einsum: rel. err <= 1e-4. The seed is printed;
 STAGEML_SEED=<seed> repeats a run.
 """
@@ -166,6 +167,70 @@ def test_gemm_expand(kernels, dtype, M, K, N, R, rows, misaligned, slots=6):
     assert bool(torch.isfinite(y).all()), f"{what}: NaN/inf in y"
     err = float(torch.linalg.norm(y.double() - ref) / torch.linalg.norm(ref))
     assert err <= BOUNDS[dtype], f"{what}: rel. err {err:.2e} > {BOUNDS[dtype]:.0e}"
+
+
+# stageml_gemm_lora: (M, K, N, R, ids given, misaligned); slot 0 is the base model (zeros). More
+# blocks than SMs (N = 14336: 448 at 1-128 rows), ranks that are no multiple of 8 (a read
+# element by element), ragged K (a last shrink chunk of 256)
+GEMM_LORA = [(M, 4096, 4096, 16, M, ()) for M in (1, 7, 32, 128, 140, 256, 300)] + [
+    (1, 4096, 14336, 16, 1, ()), (64, 4096, 14336, 8, 64, ()), (5, 256, 64, 8, 5, ()), (37, 768, 384, 13, 37, ()),
+    (9, 256, 128, 4, 4, ()), (3, 256, 128, 16, 3, ("x",)), (200, 512, 192, 32, 150, ()), (300, 256, 64, 5, 300, ()),
+    (0, 256, 128, 16, 0, ())]
+
+
+def _gemm_lora_case(dtype, M, K, N, R, rows, misaligned, slots=6, scale=1.0):
+    """Inputs of stageml_gemm_lora and the float64 reference of its result."""
+    x = kc.tensor((M, K), dtype, 1.0, "x" in misaligned)
+    w = kc.tensor((K, N), dtype, K ** -0.5)
+    a = kc.tensor((slots, K, R), dtype, K ** -0.5)
+    b = kc.tensor((slots, R, N), dtype, R ** -0.5)
+    a[0], b[0] = 0, 0
+    ids = torch.randint(0, slots, (max(rows, 1),), device="cuda")
+    ids[: max(rows, 1) // 3] = 0  # rows of the base model among the tenants'
+    slot = torch.zeros(M, dtype=torch.long, device="cuda")
+    slot[: min(rows, M)] = ids[: min(rows, M)]
+    t = scale * torch.einsum("mk,mkr->mr", x.double(), a.double()[slot])
+    ref = x.double() @ w.double() + torch.einsum("mr,mrn->mn", t, b.double()[slot])
+    return (x, kc.strips(w), ids, a, b), ref
+
+
+def _assert_close(y, ref, what, dtype):
+    assert bool(torch.isfinite(y).all()), f"{what}: NaN/inf in y"
+    err = float(torch.linalg.norm(y.double() - ref) / torch.linalg.norm(ref))
+    assert err <= BOUNDS[dtype], f"{what}: rel. err {err:.2e} > {BOUNDS[dtype]:.0e}"
+
+
+@pytest.mark.parametrize("dtype", kc.DTYPES)
+@pytest.mark.parametrize("M,K,N,R,rows,misaligned", GEMM_LORA, ids=map(_id, GEMM_LORA))
+def test_gemm_lora(kernels, dtype, M, K, N, R, rows, misaligned):
+    """Each row's base product plus its own slot's LoRA, shrink and expand in one kernel; the
+    scratch poisoned with NaN (the kernel must write every partial sum it reads)."""
+    inputs, ref = _gemm_lora_case(dtype, M, K, N, R, rows, misaligned, scale=0.5)
+    y = torch.full((max(M, 1), N), float("nan"), device="cuda", dtype=kc.DTYPES[dtype])
+    ws = torch.full((kc.lora_scratch(M, K, R),), float("nan"), device="cuda")
+    kernels.gemm_lora(dtype, *inputs, y, M, K, N, R, rows, scale=0.5, ws=ws, site=M)
+    torch.cuda.synchronize()
+    what = f"gemm_lora {dtype} M={M} K={K} N={N} R={R} ids={rows} (seed {SEED})"
+    if M == 0:
+        assert bool(y.isnan().all()), f"{what}: M = 0 wrote y"
+        return
+    _assert_close(y[:M], ref, what, dtype)
+
+
+@pytest.mark.parametrize("dtype", kc.DTYPES)
+def test_gemm_lora_calls_in_a_row(kernels, dtype):
+    """Calls of one site back to back, of different shapes, with no host sync between them: each
+    starts from the counters the one before left (its last block zeroes them)."""
+    cases = [(M, 1024, 1024, 16, M, ()) for M in (1, 33, 200, 2, 128, 300, 7)]
+    runs = []
+    for case in cases:
+        inputs, ref = _gemm_lora_case(dtype, *case)
+        y = torch.empty(case[0], case[2], device="cuda", dtype=kc.DTYPES[dtype])
+        kernels.gemm_lora(dtype, *inputs, y, *case[:5], site=3)
+        runs.append((case, y, ref))
+    torch.cuda.synchronize()
+    for case, y, ref in runs:
+        _assert_close(y, ref, f"gemm_lora {dtype} {case} in a row (seed {SEED})", dtype)
 
 
 @pytest.mark.parametrize("dtype", kc.DTYPES)

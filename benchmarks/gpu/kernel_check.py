@@ -39,7 +39,9 @@ STREAM_MAX_M, STREAM_COLS, TILE = 64, 32, 64  # kernels.cu's grid constants
 STRIP, TILE_W = 8, 64  # w's tile layout [N/64][K/64][8][64][8]: 64x64 tiles of 8-column strips
 WG_COLS, WG_PAIR, WG_SPLIT_MAX_M, WG_SMEM = 64, 2, 128, 197632  # stageml_gemm_wgmma's grid and shared memory
 WG_THREADS = (288, 1, 1)  # stageml_gemm_wgmma's block: 2 warpgroups and a producer warp
+LORA_THREADS = (320, 1, 1)  # stageml_gemm_lora's: and a warp for the shrink
 BGMV_SPLIT = 8  # stageml_bgmv's k-chunks: its cluster along z
+LORA_SMEM = 230656  # stageml_gemm_lora's dynamic shared memory: and the shrink's factor buffers
 BGMV_TILED_FROM, BGMV_TILE = 64, 16  # past 64 rows, stageml_bgmv's blocks take 16 rows each
 THREADS = (256, 1, 1)
 SCALE = 0.5
@@ -65,14 +67,21 @@ def wgmma_grid(M: int, N: int) -> tuple:
     return (WG_PAIR * math.ceil(N / (WG_PAIR * WG_COLS)), 1, math.ceil(M / rows))
 
 
+def lora_scratch(M: int, K: int, R: int) -> int:
+    """stageml_gemm_lora's ws: f32 elements of the shrink's partial sums [ceil(K / kc), M, R], kc the
+    k-rows of a unit (kernels.cu)."""
+    kc = min(1024, 14336 // (2 * R) // 32 * 32)
+    return max(math.ceil(K / kc) * M * R, 1)
+
+
 class Kernels:
     def __init__(self, ptx: str):
         module = cupy.RawModule(path=ptx)
         self.fns = {f"stageml_{k}_{s}": module.get_function(f"stageml_{k}_{s}")
-                    for k in ("gemm", "gemm_wgmma", "gemm_expand", "lora", "bgmv") for s in DTYPES}
-        for k in ("gemm_wgmma", "gemm_expand"):
+                    for k in ("gemm", "gemm_wgmma", "gemm_expand", "gemm_lora", "lora", "bgmv") for s in DTYPES}
+        for k in ("gemm_wgmma", "gemm_expand", "gemm_lora"):
             for s in DTYPES:
-                self.fns[f"stageml_{k}_{s}"].max_dynamic_shared_size_bytes = WG_SMEM
+                self.fns[f"stageml_{k}_{s}"].max_dynamic_shared_size_bytes = LORA_SMEM if k == "gemm_lora" else WG_SMEM
 
     def gemm(self, dtype: str, x, w, y, M: int, K: int, N: int) -> None:
         self._launch(f"stageml_gemm_{dtype}", (x, w, y), M, N, [M, K, N])
@@ -86,6 +95,17 @@ class Kernels:
         """y = x @ w + t @ table[ids] (t f32 [M, R], table [S, R, N]); N % 64 == 0 and K % 256 == 0."""
         self._launch(f"stageml_gemm_expand_{dtype}", (x, w, t, ids, table, y), M, N, [M, K, N, R, rows],
                      wgmma_grid(M, N), WG_SMEM, WG_THREADS)
+
+    def gemm_lora(self, dtype: str, x, w, ids, a, b, y, M: int, K: int, N: int, R: int, rows: int,
+                  scale: float = 1.0, ws=None, site: int = 0) -> None:
+        """y = x @ w + (scale * x @ a[slot]) @ b[slot] (a [S, K, R], b [S, R, N], slot(m) = ids[m] for
+        m < rows, else 0); N % 64 == 0, K % 256 == 0, R <= 32. ws: the shrink's scratch (allocated
+        here unless given, f32 of lora_scratch(M, K, R) elements)."""
+        if ws is None:
+            ws = torch.empty(lora_scratch(M, K, R), device="cuda")
+        bits = int(np.float32(scale).view(np.uint32))
+        self._launch(f"stageml_gemm_lora_{dtype}", (x, w, ids, a, b, y, ws), M, N, [M, K, N, R, rows, bits, site],
+                     wgmma_grid(M, N), LORA_SMEM, LORA_THREADS)
 
     def lora(self, dtype: str, x, w, a, b, y, M: int, K: int, N: int, R: int, scale: float) -> None:
         bits = int(np.float32(scale).view(np.uint32))
@@ -216,6 +236,50 @@ def shrink_table(rows: list) -> str:
     return "\n".join(lines)
 
 
+SITE_TIMED = ((1, "decode"), (8, "decode"), (32, "decode"), (128, "decode"), (256, "prefill"))
+
+
+def site_timings(kernels: Kernels, dtype: str, calls: int) -> list:
+    """A multi-tenant LoRA site, x [M, 4096] @ W + (x @ A[slot]) @ B[slot] (rank RANK, SHRINK_SLOTS
+    slots, the slots as in shrink_ids): the base product alone (stageml_gemm_wgmma), the shrink
+    and the expand as two kernels (stageml_bgmv, then stageml_gemm_expand), and in one
+    (stageml_gemm_lora)."""
+    K = N = TIMED_KN
+    wps = [strips(tensor((K, N), dtype, K ** -0.5)) for _ in range(COPIES)]
+    As = [tensor((SHRINK_SLOTS, K, RANK), dtype, K ** -0.5) for _ in range(COPIES)]
+    Bs = [tensor((SHRINK_SLOTS, RANK, N), dtype, RANK ** -0.5) for _ in range(COPIES)]
+    rows = []
+    for M, order in SITE_TIMED:
+        x, ids = tensor((M, K), dtype, 1.0), shrink_ids(M, order)
+        y = torch.empty(M, N, device="cuda", dtype=DTYPES[dtype])
+        t = torch.empty(M, RANK, device="cuda")
+        ws = torch.empty(lora_scratch(M, K, RANK), device="cuda")
+
+        def two(i):
+            kernels.bgmv(dtype, x, ids, As[i % COPIES], t, M, K, RANK)
+            kernels.gemm_expand(dtype, x, wps[i % COPIES], t, ids, Bs[i % COPIES], y, M, K, N, RANK, M)
+
+        base = device_us(lambda i: kernels.gemm_wgmma(dtype, x, wps[i % COPIES], y, M, K, N), calls)
+        split = device_us(two, calls)
+        fused = device_us(lambda i: kernels.gemm_lora(dtype, x, wps[i % COPIES], ids, As[i % COPIES],
+                                                      Bs[i % COPIES], y, M, K, N, RANK, M, ws=ws), calls)
+        rows.append((dtype, M, order, base, split, fused))
+        print(f"timed site {dtype} M={M} {order}: base {base:.1f} µs, bgmv + gemm_expand {split:.1f} µs, "
+              f"gemm_lora {fused:.1f} µs", flush=True)
+    return rows
+
+
+def site_table(rows: list) -> str:
+    lines = [f"A multi-tenant LoRA site (K = N = {TIMED_KN}, rank {RANK}, {SHRINK_SLOTS} slots, slots as above): "
+             "the base product alone (stageml_gemm_wgmma), the shrink and the expand as two kernels "
+             "(stageml_bgmv + stageml_gemm_expand, back to back) and as one (stageml_gemm_lora).",
+             "", "| dtype | rows | order | base µs | two kernels µs | one kernel µs | one / base | one / two |",
+             "|---|---:|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {dtype} | {M} | {order} | {base:.1f} | {split:.1f} | {fused:.1f} | {fused / base:.2f} "
+              f"| {fused / split:.2f} |" for dtype, M, order, base, split, fused in rows]
+    return "\n".join(lines)
+
+
 def table(rows: list) -> str:
     lines = ["| kernel | dtype | M | stageml µs | torch µs | stageml / torch | HBM floor µs | stageml / floor "
              "| lora / gemm |",
@@ -232,18 +296,22 @@ def main() -> None:
     parser.add_argument("ptx", help="kernels.cu built to PTX (compute_90a)")
     parser.add_argument("--quick", action="store_true", help="50 timed calls instead of 100")
     parser.add_argument("--report", metavar="MD", help="also write the table to this file")
+    parser.add_argument("--sites-only", action="store_true", help="time only the multi-tenant LoRA site")
     args = parser.parse_args()
     seed = int.from_bytes(os.urandom(4), "little")
     torch.manual_seed(seed)
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, cupy {cupy.__version__}, seed {seed}",
           flush=True)
     kernels = Kernels(args.ptx)
-    rows, shrinks = [], []
+    rows, shrinks, sites = [], [], []
     for dtype in DTYPES:
-        rows += timings(kernels, dtype, 50 if args.quick else 100)
-        shrinks += shrink_timings(kernels, dtype, 50 if args.quick else 100)
+        calls = 50 if args.quick else 100
+        if not args.sites_only:
+            rows += timings(kernels, dtype, calls)
+            shrinks += shrink_timings(kernels, dtype, calls)
+        sites += site_timings(kernels, dtype, calls)
         torch.cuda.empty_cache()
-    text = table(rows) + "\n\n" + shrink_table(shrinks)
+    text = "\n\n".join(t for t in ([table(rows), shrink_table(shrinks)] if rows else []) + [site_table(sites)])
     print()
     print(text)
     if args.report:

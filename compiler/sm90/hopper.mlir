@@ -12,16 +12,18 @@
 // `@stageml_sm90` declares the hand-written kernels of kernels.cu, compiled
 // to PTX by build.py; use-custom-kernels clones it into a residual that uses
 // one. Each export follows IREE's CUDA ABI: the kernel's parameters are its
-// bindings (inputs, then the output) and then its constants, all i32. Every
+// bindings (inputs, then the outputs) and then its constants, all i32. Every
 // kernel runs 256 threads per block (the wgmma GEMM and the GEMM with a fused
-// expand: 288, two warpgroups and a producer warp); its grid comes from the
+// expand: 288, two warpgroups and a producer warp; the multi-tenant LoRA
+// kernel: 320, and a warp for the shrink); its grid comes from the
 // workload (M, N), by the formula kernels.cu documents: for GEMM and LoRA, one
 // block per 32 columns when M <= 64 (the memory-bound regimes), else one per
 // 64x64 tile; for the wgmma GEMM and the GEMM with a fused expand, clusters of
 // 2 blocks along x (the cluster shape is compiled into the kernel): where
 // M <= 128, (2 ceil(N/64), 1, 1), a cluster the two halves of K of 64 columns;
 // else (2 ceil(N/128), 1, ceil(M/rows)), rows 128 (256 past 256 rows), a
-// cluster two column tiles of 64 that share x. Each block has 197632 bytes of
+// cluster two column tiles of 64 that share x (the multi-tenant LoRA kernel:
+// the same). Each block has 197632 bytes (the LoRA kernel: 230656) of
 // dynamic shared memory, which IREE's CUDA runtime sets and launches with
 // (`workgroup_local_memory`); for BGMV, clusters of 8 along z (the k-chunks), one
 // per 32 columns of each row, or of each 16 rows past 64 rows.
@@ -57,6 +59,15 @@
   #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>,
   #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>,
   #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer>]>
+
+// A multi-tenant LoRA site in one kernel: x[M,K] @ w[K,N] + (s·x @ a[slot(m)]) @ b[slot(m)] → y[M,N],
+// a [S,K,R], b [S,R,N], slot(m) = ids[m] for m < rows, else 0; ws [C,M,R] (f32) the shrink's scratch;
+// constants M, K, N, R, rows, bits of s (f32), the site's number.
+#lora_tenants = #hal.pipeline.layout<constants = 7, bindings = [
+  #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>,
+  #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>,
+  #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer>,
+  #hal.pipeline.binding<storage_buffer>]>
 
 module attributes {hal.device.targets = [#hal.device.target<"cuda", [#sm90]> : !hal.device]} {
   hal.executable.source private @stageml_sm90 <objects = #hal.executable.objects<{
@@ -230,5 +241,47 @@ module attributes {hal.device.targets = [#hal.device.target<"cuda", [#sm90]> : !
       %z = arith.select %split, %c1, %row_tiles : index
       hal.return %x, %c1, %z : index, index, index
     } <workgroup_size = [288 : index, 1 : index, 1 : index], workgroup_local_memory = 197632>
+
+    hal.executable.export public @stageml_gemm_lora_f16 ordinal(10) layout(#lora_tenants)
+        count(%device: !hal.device, %m: index, %n: index) -> (index, index, index) {
+      %c1 = arith.constant 1 : index
+      %pair = arith.constant 2 : index
+      %cols = arith.constant 64 : index
+      %pair_cols = arith.constant 128 : index
+      %tile = arith.constant 128 : index
+      %large_tile = arith.constant 256 : index
+      %split = arith.cmpi ule, %m, %tile : index
+      %col_tiles = arith.ceildivui %n, %cols : index
+      %pairs = arith.ceildivui %n, %pair_cols : index
+      %halves = arith.muli %col_tiles, %pair : index
+      %paired = arith.muli %pairs, %pair : index
+      %x = arith.select %split, %halves, %paired : index
+      %large = arith.cmpi ugt, %m, %large_tile : index
+      %rows = arith.select %large, %large_tile, %tile : index
+      %row_tiles = arith.ceildivui %m, %rows : index
+      %z = arith.select %split, %c1, %row_tiles : index
+      hal.return %x, %c1, %z : index, index, index
+    } <workgroup_size = [320 : index, 1 : index, 1 : index], workgroup_local_memory = 230656>
+
+    hal.executable.export public @stageml_gemm_lora_bf16 ordinal(11) layout(#lora_tenants)
+        count(%device: !hal.device, %m: index, %n: index) -> (index, index, index) {
+      %c1 = arith.constant 1 : index
+      %pair = arith.constant 2 : index
+      %cols = arith.constant 64 : index
+      %pair_cols = arith.constant 128 : index
+      %tile = arith.constant 128 : index
+      %large_tile = arith.constant 256 : index
+      %split = arith.cmpi ule, %m, %tile : index
+      %col_tiles = arith.ceildivui %n, %cols : index
+      %pairs = arith.ceildivui %n, %pair_cols : index
+      %halves = arith.muli %col_tiles, %pair : index
+      %paired = arith.muli %pairs, %pair : index
+      %x = arith.select %split, %halves, %paired : index
+      %large = arith.cmpi ugt, %m, %large_tile : index
+      %rows = arith.select %large, %large_tile, %tile : index
+      %row_tiles = arith.ceildivui %m, %rows : index
+      %z = arith.select %split, %c1, %row_tiles : index
+      hal.return %x, %c1, %z : index, index, index
+    } <workgroup_size = [320 : index, 1 : index, 1 : index], workgroup_local_memory = 230656>
   }
 }

@@ -30,6 +30,22 @@
 //     y[m,n] = T(sum_k f32(x) f32(w) + sum_r t[m,r] * f32(table[slot(m),r,n])), one rounding;
 //     t [M,R] f32 (the row's shrink x @ A_slot, never rounded), table [S,R,N],
 //     slot(m) = ids[m] for m < rows (trusted in range), else 0.
+//   stageml_gemm_lora_T(const T* x, const T* w, const int64_t* ids, const T* a, const T* b, T* y,
+//                       float* ws, int M, int K, int N, int R, int rows, uint32_t scale_bits, int site)
+//     a multi-tenant LoRA site in one kernel: the shrink t = x @ a[slot(m)] and the expand of
+//     stageml_gemm_expand, a [S,K,R], b [S,R,N], scale = bits as f32 (1 for a site whose scale
+//     sits in b):
+//     t[m,r] = scale * sum_k f32(x[m,k]) f32(a[slot(m),k,r]) in f32 (never rounded), then
+//     y[m,n] = T(sum_k f32(x) f32(w) + sum_r t[m,r] * f32(b[slot(m),r,n])), one rounding.
+//     A warp of each block (past 32 rows, every warp) computes the shrink, in units of (chunk of
+//     k, row) that it claims from a counter, into ws [ceil(K / kc), M, R] (f32, the call's
+//     scratch: its contents before and after mean nothing), kc = min(1024, floor(7168 / R / 32)
+//     * 32) k-rows (at most 14 KiB of a); each block waits for every unit before its epilogue
+//     and adds the chunks in a fixed order. A block waits only once every unit is claimed by a
+//     running block, which finishes it without waiting: no grid size or SM count can deadlock
+//     it. The counters are g_lora_sync[site % kSyncSlots] (zero at load; the grid's last block
+//     zeroes them again), so dispatches of one site must not overlap (IREE's queue runs a
+//     call's dispatches in order; `site` keeps distinct sites apart).
 //
 // reference.mlir holds each kernel's CPU reference in linalg (the same
 // operands and push constants; use-custom-kernels{lowering=reference}
@@ -43,19 +59,21 @@
 // 8 rows are one 8x8 wgmma core matrix (128 contiguous bytes), and the tiles
 // a block streams are one contiguous range, fetched by one bulk copy.
 //
-// ABI (IREE CUDA): bindings as pointers in order (inputs, then y), then the
+// ABI (IREE CUDA): bindings as pointers in order (inputs, then y [and ws]), then the
 // push constants as 32-bit values. Buffers are dense and row-major, but w in tiles.
-// Block: 256 x 1 x 1 threads (gemm_wgmma, gemm_expand: 288). Grid, from M and N:
+// Block: 256 x 1 x 1 threads (gemm_wgmma, gemm_expand: 288; gemm_lora: 320). Grid, from M and N:
 //   gemm, lora   M <= 64: (ceil(N / 32), 1, 1)       GEMV and streaming paths
 //                M >  64: (ceil(N / 64), ceil(M / 64), 1)  tiled path
 //                M = 0 launches ceil(N / 32) blocks, which return at once.
-//   gemm_wgmma, gemm_expand: clusters of (2, 1, 1) (compiled in), 197632 bytes of dynamic
+//   gemm_wgmma, gemm_expand, gemm_lora: clusters of (2, 1, 1) (compiled in), 197632 (gemm_lora:
+//                230656) bytes of dynamic
 //                shared memory; M <= 128: (2 ceil(N / 64), 1, 1) (a cluster: the two halves
 //                of K of 64 columns); M > 128: (2 ceil(N / 128), 1, ceil(M / rows)), rows
 //                128 up to 256 rows, else 256 (a cluster: two column tiles of 64 sharing x).
 //
-// Caller guarantees: K and N multiples of 64 (gemm_wgmma, gemm_expand: K of 256); 0 <= M;
-// lora: 1 <= R <= 32; gemm_expand: 1 <= R; M*K, K*N, M*N < 2^31; pointers aligned to their element.
+// Caller guarantees: K and N multiples of 64 (gemm_wgmma, gemm_expand, gemm_lora: K of 256); 0 <= M;
+// lora, gemm_lora: 1 <= R <= 32; gemm_expand: 1 <= R; M*K, K*N, M*N < 2^31; pointers aligned to their
+// element.
 // x and w 16-byte aligned select the fast paths; otherwise a scalar path
 // (slow, any grid) computes the same result. y, a and b may have any
 // 2-byte alignment on every path.
@@ -86,7 +104,7 @@
 // as a's rows need not be 16-byte aligned) and is multiplied with the same
 // x fragments; the epilogue adds scale * t @ b as above.
 //
-// wgmma path (gemm_wgmma, gemm_expand; x and w 16-byte aligned): A and B swapped, so w is
+// wgmma path (gemm_wgmma, gemm_expand, gemm_lora; x and w 16-byte aligned): A and B swapped, so w is
 // the wgmma's M side and the tokens its N: a block computes y^T for 64 columns of w and up
 // to 256 tokens (wgmma m64nNk16, N = 16/32/64/128/256, the smallest that covers the block's
 // rows). Up to 128 rows, over one half of K: the two blocks of a cluster take the two halves
@@ -106,6 +124,16 @@
 // matrices spread each 128-byte line of x over several L2 requests; TMA lifts both. The two
 // warpgroups take the first and the second half of each stage's k16 steps
 // and their partial tiles are added in the epilogue; one wgmma group stays in flight.
+//
+// gemm_lora's shrink (Shrink below): a tenth warp of each block (threads 288-319) claims units,
+// one at a time, while the other nine run the GEMM's main loop: it sums one row over one chunk
+// of k, the chunk's rows of a (at most 14 KiB) and of x brought by TMA bulk copies into shared memory
+// (the next unit's in flight meanwhile), each lane over every 32nd k-row (16-byte reads of 8
+// ranks), and the 32 lanes' ranks are added by 31 shuffles. So the shrink, which reads only a,
+// x and the ids, runs beside the w stream. Past kShrinkSideMaxM rows (x by TMA: a producer warp
+// streams w on its own) the compute warps also take units, from global memory, before their main
+// loop: one warp's share would outlast the loop. The epilogue waits for the units, adds each of
+// its rows' chunks into shared memory and expands from there.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -581,22 +609,31 @@ __device__ __forceinline__ void tile_path(const T* x, const T* w, const T* a, co
 
 // What stageml_gemm_expand adds to a product: t[m] @ table[ids[m]] (f32), t [M, R] in f32,
 // table [S, R, N]; a row at or past `rows` (the ids given) takes slot 0. No table: nothing.
+// gemm_lora's t is either its rows from `first` on in shared memory, or (chunks > 0) the
+// shrink's partial sums [chunks, M, R] in ws, added here, times `scale`.
 template <typename T> struct Expand {
   const float* t = nullptr;
   const int64_t* ids = nullptr;
   const T* table = nullptr;
   int R = 0, rows = 0;
+  int first = 0, chunks = 0, M = 0;
+  float scale = 1.f;
+  __device__ __forceinline__ float partial_sum(int m, int r) const {
+    float s = 0.f;
+    for (int c = 0; c < chunks; ++c) s += __ldcg(t + (static_cast<size_t>(c) * M + m) * R + r);
+    return scale * s;
+  }
   // v[i] += (t[m] @ table[slot of m])[n + i], i < W.
   template <int W> __device__ __forceinline__ void add(int m, int n, int N, float (&v)[W]) const {
     const T* b = table + static_cast<size_t>(m < rows ? ids[m] : 0) * R * N + n;
-    const float* tm = t + static_cast<size_t>(m) * R;
+    const float* tm = t + static_cast<size_t>(m - first) * R;
     if constexpr (W == 4) {
       if ((reinterpret_cast<uintptr_t>(b) & 7) == 0) {  // 4 columns of a rank's row: one 8-byte load
 #pragma unroll 8
         for (int r = 0; r < R; ++r) {
           const uint2 q = *reinterpret_cast<const uint2*>(b + static_cast<size_t>(r) * N);
           const uint32_t u[2] = {q.x, q.y};
-          const float tr = tm[r];
+          const float tr = chunks ? partial_sum(m, r) : tm[r];
           float f[4];
           unpack<T>(u, f);
 #pragma unroll
@@ -607,7 +644,7 @@ template <typename T> struct Expand {
     }
 #pragma unroll 4
     for (int r = 0; r < R; ++r) {
-      const float tr = tm[r];
+      const float tr = chunks ? partial_sum(m, r) : tm[r];
 #pragma unroll
       for (int i = 0; i < W; ++i) v[i] = fmaf(tr, to_f32(b[static_cast<size_t>(r) * N + i]), v[i]);
     }
@@ -962,6 +999,7 @@ constexpr int kWgSmem = kWgRing + 1024;  // and the stages' mbarriers (hopper.ml
 constexpr int kWgRedLd = kWgCols + 4;    // f32 row stride of the partial tiles (conflict-free)
 constexpr int kWgTileBytes = kTileW * kTileW * 2;  // one 64 x 64 tile of w
 constexpr int kWgThreads = kThreads + 32;  // 2 warpgroups that compute and a producer warp
+constexpr int kLoraThreads = kWgThreads + 32;  // gemm_lora: and a warp for the shrink
 
 // k per pipeline stage (two tiles of w while x is small, else one) and stages (at most 8).
 template <int NT> constexpr int kWgK = NT <= 64 ? 2 * kTileW : kTileW;
@@ -1136,6 +1174,219 @@ __device__ __forceinline__ void wgmma_stage(float (&d)[NT / 2], const uint8_t* w
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
 
+// ---- gemm_lora's shrink ---------------------------------------------------------
+
+constexpr int kShrinkBytes = 16384;  // a shrink unit's buffer: its rows of a (at most kShrinkA bytes), then of x
+constexpr int kShrinkA = 14336;
+constexpr int kShrinkSideMaxM = 32;  // M at most this: the shrink warp alone, beside the main loop
+constexpr int kSyncSlots = 256;
+constexpr int kLoraSmem = kWgSmem + 2 * kShrinkBytes + 256;  // and the shrink's two buffers (hopper.mlir)
+static_assert(kLoraSmem <= 232448, "an sm_90 block's shared memory");
+// Per site slot: {next unit to claim, units done, blocks finished}; zero while no call runs.
+__device__ unsigned int g_lora_sync[kSyncSlots][4];
+
+__device__ __forceinline__ unsigned int ld_acquire(const unsigned int* p) {
+  unsigned int v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// k-rows of a shrink unit for rank R <= 32: a multiple of 32, at most 1024, 2 R bytes each.
+__device__ __forceinline__ int shrink_rows(int R) { return min(1024, kShrinkA / (2 * R) / 32 * 32); }
+
+// v[i] (i < H) = the lane's half of v[0 .. 2H) (its upper half where lane & H) plus its partner's.
+template <int H> __device__ __forceinline__ void halve(float (&v)[kMaxRank], int lane) {
+  const bool upper = lane & H;
+#pragma unroll
+  for (int i = 0; i < H; ++i) {
+    const float keep = upper ? v[i + H] : v[i], send = upper ? v[i] : v[i + H];
+    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, H);
+  }
+}
+
+// t = scale * x @ a[slot(m)] (f32), by one warp of each block into partial sums ws [chunks, M, R].
+template <typename T> struct Shrink {
+  const T* x;
+  const int64_t* ids;
+  const T* a;  // [S, K, R]
+  float* ws;
+  unsigned int* sync;
+  int M, K, R, rows;
+  float scale;
+
+  __device__ __forceinline__ int chunks() const { return (K + shrink_rows(R) - 1) / shrink_rows(R); }
+  __device__ __forceinline__ unsigned int units() const { return static_cast<unsigned int>(chunks() * M); }
+  // Unit u: chunk c = u / M of row m = u % M, k-rows [k0, k0 + kn), its factor rows a[slot(m), k0 ..].
+  __device__ __forceinline__ void locate(unsigned int u, int& c, int& m, int& k0, int& kn, const T*& ar) const {
+    c = static_cast<int>(u) / M, m = static_cast<int>(u) % M;
+    k0 = c * shrink_rows(R), kn = min(shrink_rows(R), K - k0);
+    ar = a + (static_cast<size_t>(m < rows ? ids[m] : 0) * K + k0) * R;
+  }
+
+  // Unit u from its factor rows `ar` and x's `xr` (shared or global memory): lane l sums k-rows
+  // l, l + 32, ... of the chunk, then lane r holds the warp's sum of rank r.
+  __device__ __forceinline__ void unit(unsigned int u, const T* ar, const T* xr, int lane) const {
+    int c, m, k0, kn;
+    const T* unused;
+    locate(u, c, m, k0, kn, unused);
+    float acc[kMaxRank];
+#pragma unroll
+    for (int r = 0; r < kMaxRank; ++r) acc[r] = 0.f;
+    if (R % 8 == 0 && (reinterpret_cast<uintptr_t>(ar) & 15) == 0) {
+      switch (R / 8) {
+        case 1: unit_rows<1>(xr, ar, kn, lane, acc); break;
+        case 2: unit_rows<2>(xr, ar, kn, lane, acc); break;
+        case 3: unit_rows<3>(xr, ar, kn, lane, acc); break;
+        default: unit_rows<4>(xr, ar, kn, lane, acc); break;
+      }
+    } else {
+      for (int k = lane; k < kn; k += 32) {
+        const float xv = to_f32(xr[k]);
+#pragma unroll
+        for (int r = 0; r < kMaxRank; ++r)
+          if (r < R) acc[r] = fmaf(xv, to_f32(ar[static_cast<size_t>(k) * R + r]), acc[r]);
+      }
+    }
+    // Halve the values a lane holds 5 times, sending the half its partner keeps: lane l ends
+    // with the sum of value l over the warp.
+    halve<16>(acc, lane), halve<8>(acc, lane), halve<4>(acc, lane), halve<2>(acc, lane), halve<1>(acc, lane);
+    if (lane < R) ws[(static_cast<size_t>(c) * M + m) * R + lane] = acc[0];
+  }
+
+  // R = 8 G (rows 16-byte aligned): rounds of 16 / G k-rows a lane, every load of a round issued
+  // before its sums.
+  template <int G>
+  __device__ __forceinline__ void unit_rows(const T* xr, const T* ar, int kn, int lane, float (&acc)[kMaxRank]) const {
+    constexpr int kRows = 16 / G;
+    for (int k1 = 0; k1 < kn; k1 += 32 * kRows) {
+      uint4 q[kRows][G];
+      float xv[kRows];
+#pragma unroll
+      for (int j = 0; j < kRows; ++j) {
+        const int k = k1 + lane + 32 * j;
+        const bool in = k < kn;
+        xv[j] = in ? to_f32(xr[k]) : 0.f;
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+          q[j][g] = in ? *reinterpret_cast<const uint4*>(ar + static_cast<size_t>(k) * R + 8 * g) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int j = 0; j < kRows; ++j)
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          float f[8];
+          unpack8<T>(q[j][g], f);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[8 * g + i] = fmaf(xv[j], f[i], acc[8 * g + i]);
+        }
+    }
+  }
+
+  // The calling warp's next unit (lane 0 claims it), units() once none is left.
+  __device__ __forceinline__ unsigned int claim(int lane) const {
+    const unsigned int total = units();
+    unsigned int u = total;
+    if (lane == 0 && *reinterpret_cast<volatile unsigned int*>(&sync[0]) < total) u = atomicAdd(&sync[0], 1u);
+    return min(__shfl_sync(0xffffffffu, u, 0), total);
+  }
+  // Whether the shrink warp takes every unit, beside the main loop (few rows), or every warp
+  // takes units before it (the shrink warp alone would take longer than the main loop).
+  __device__ __forceinline__ bool beside() const { return M <= kShrinkSideMaxM; }
+
+  // A warp's units, claimed one at a time until none is left. With `buf` (the shrink warp) where
+  // a and x are 16-byte aligned, each unit's rows of a and x come by TMA bulk copies into `buf`
+  // (2 x kShrinkBytes of shared memory, then 2 mbarriers), the next unit's in flight while this
+  // one is summed; else from global memory. The warp counts its units done once, after the last.
+  __device__ __forceinline__ void run(uint8_t* buf) const {
+    const int lane = threadIdx.x & 31;
+    const unsigned int total = units();
+    const bool tma = buf && ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(x)) & 15) == 0;
+    uint64_t* bars = reinterpret_cast<uint64_t*>(buf + 2 * kShrinkBytes);
+    if (tma && lane == 0) {
+      mbar_init(&bars[0], 1), mbar_init(&bars[1], 1);
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncwarp();
+    const auto fetch = [&](unsigned int u, int slot) {  // by lane 0
+      int c, m, k0, kn;
+      const T* src;
+      locate(u, c, m, k0, kn, src);
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // after the buffer's earlier reads
+      mbar_expect_tx(&bars[slot], kn * (R + 1) * 2);
+      bulk_copy(buf + slot * kShrinkBytes, src, kn * R * 2, &bars[slot]);
+      bulk_copy(buf + slot * kShrinkBytes + kShrinkA, x + static_cast<size_t>(m) * K + k0, kn * 2, &bars[slot]);
+    };
+    unsigned int u = claim(lane), done = 0;
+    if (tma && u < total && lane == 0) fetch(u, 0);
+    for (int i = 0; u < total; ++i, ++done) {
+      const unsigned int next = claim(lane);
+      if (tma && next < total && lane == 0) fetch(next, (i + 1) & 1);
+      const T *ar, *xr;
+      if (tma) {
+        mbar_wait(&bars[i & 1], (i >> 1) & 1);
+        ar = reinterpret_cast<const T*>(buf + (i & 1) * kShrinkBytes);
+        xr = reinterpret_cast<const T*>(buf + (i & 1) * kShrinkBytes + kShrinkA);
+      } else {
+        int c, m, k0, kn;
+        locate(u, c, m, k0, kn, ar);
+        xr = x + static_cast<size_t>(m) * K + k0;
+      }
+      unit(u, ar, xr, lane);
+      __syncwarp();
+      u = next;
+    }
+    if (done && lane == 0) {  // the units' sums are stored
+      __threadfence();
+      atomicAdd(&sync[1], done);
+    }
+  }
+
+  // Every thread of the block: past it, every unit's sums are visible.
+  __device__ __forceinline__ void wait() const {
+    if (threadIdx.x == 0) {
+      while (ld_acquire(&sync[1]) < units()) __nanosleep(64);
+      __threadfence();
+    }
+    __syncthreads();
+  }
+
+  // ts[i, r] = t[first + i, r] for i < n (the chunks added in order), 4 ranks a thread where
+  // R % 4 == 0 (ws 16-byte aligned), else one.
+  __device__ __forceinline__ void gather(float* ts, int first, int n) const {
+    const int C = chunks();
+    if (R % 4 == 0 && (reinterpret_cast<uintptr_t>(ws) & 15) == 0) {
+      for (int e = threadIdx.x; e < n * R / 4; e += blockDim.x) {
+        const size_t at = static_cast<size_t>(first) * R + 4 * e, stride = static_cast<size_t>(M) * R;
+        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+        for (int c = 0; c < C; ++c) {
+          const float4 v = __ldcg(reinterpret_cast<const float4*>(ws + c * stride + at));
+          sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+        }
+        reinterpret_cast<float4*>(ts)[e] = make_float4(scale * sum.x, scale * sum.y, scale * sum.z, scale * sum.w);
+      }
+    } else {
+      for (int e = threadIdx.x; e < n * R; e += blockDim.x) {
+        float sum = 0.f;
+#pragma unroll 8
+        for (int c = 0; c < C; ++c) sum += __ldcg(ws + (static_cast<size_t>(c) * M + first) * R + e);
+        ts[e] = scale * sum;
+      }
+    }
+  }
+
+  // Thread 0 as its block's last act: the grid's last block zeroes the counters for the next call.
+  __device__ __forceinline__ void finish() const {
+    if (threadIdx.x != 0) return;
+    const unsigned int blocks = gridDim.x * gridDim.y * gridDim.z;
+    if (atomicAdd(&sync[2], 1u) == blocks - 1) {
+      atomicExch(&sync[0], 0u);
+      atomicExch(&sync[1], 0u);
+      atomicExch(&sync[2], 0u);
+    }
+  }
+};
+
 // One block: y^T[n0 .. n0+64, m0 .. m0+NT]. Warpgroups 0 and 1 (threads 0-255) compute, warpgroup
 // g taking the k16 steps [g * KS/2, (g+1) * KS/2) of every stage; warp 8 (threads 256-287) is the
 // producer where x comes by TMA. The two blocks of a cluster (rank = blockIdx.x % 2) are either
@@ -1143,9 +1394,11 @@ __device__ __forceinline__ void wgmma_stage(float (&d)[NT / 2], const uint8_t* w
 // shared memory, or (shared) two neighbouring column tiles over all of K that share x: stage kt's
 // rows are copied by the block of rank kt % 2 and multicast to both, and a slot is refilled only
 // once both blocks are done with it. A block past N's columns (odd N/64) still copies its share.
+// With `sh` (gemm_lora), the compute warps first take their share of the shrink, and the epilogue
+// expands each row's t from shared memory.
 template <typename T, int NT>
-__device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, int K, int N, const Expand<T>& ex,
-                                           uint8_t* smem) {
+__device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, int K, int N, Expand<T> ex,
+                                           uint8_t* smem, const Shrink<T>* sh) {
   constexpr int S = kWgStages<NT>, KD = kWgK<NT>;
   constexpr int W_BYTES = kWgCols * KD * 2, X_BYTES = NT * KD * 2;
   static_assert(S >= 3 && S <= 16 && S * (W_BYTES + X_BYTES) <= kWgRing && 2 * NT * kWgRedLd * 4 <= kWgRing &&
@@ -1174,7 +1427,8 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
   // Both blocks' barriers are set before either multicasts; meanwhile, where x comes by TMA
   // (NT >= 64), the producer warp builds x's tensor map.
   cluster_arrive_relaxed();
-  const void* map = NT >= 64 && tid >= kThreads ? x_tensor_map(x, M, K, rows, smem + kWgRing + 128) : nullptr;
+  const bool producer = tid >= kThreads && tid < kWgThreads;
+  const void* map = NT >= 64 && producer ? x_tensor_map(x, M, K, rows, smem + kWgRing + 128) : nullptr;
   cluster_wait();
 
   float d[NT / 2];
@@ -1185,7 +1439,9 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
     // the rest of the NT rows keep stale bytes, which reach only the products of rows that are
     // never stored. The producer fills slot kt % S once its previous stage is released: one
     // arrival per warpgroup (of both blocks, where they share x) after the wgmma that read it.
-    if (tid >= kThreads) {
+    if (sh && tid >= kWgThreads) {
+      sh->run(sh->beside() ? smem + kWgSmem : nullptr);
+    } else if (tid >= kThreads) {
       if (tid == kThreads) {
         tensor_map_acquire(map);
         for (int kt = 0; kt < KT; ++kt) {
@@ -1202,6 +1458,7 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
         }
       }
     } else {
+      if (sh && !sh->beside()) sh->run(nullptr);
       for (int kt = 0; kt < KT; ++kt) {
         const int slot = kt % S;
         mbar_wait(&full[slot], (kt / S) & 1);
@@ -1251,9 +1508,20 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
       wgmma_fence_operands(d);
       cp_async_wait<0>();
+    } else if (sh && tid >= kWgThreads) {
+      sh->run(sh->beside() ? smem + kWgSmem : nullptr);
     }
   }
   __syncthreads();  // the stages are free (every copy into them, the peer's multicasts included, landed)
+  // Split: block `rank` sums tokens [rank * NT/2, (rank + 1) * NT/2) of the four partial tiles
+  // (its own two, then its peer's), else all NT of its own two.
+  const int tokens = split ? NT / kWgPair : NT, first = split ? static_cast<int>(rank) * tokens : 0;
+  if (sh) {  // t of those rows, past the partial tiles
+    float* ts = reinterpret_cast<float*>(smem + 2 * NT * kWgRedLd * 4);
+    sh->wait();
+    sh->gather(ts, m0 + first, max(0, min(tokens, M - m0 - first)));
+    ex.t = ts, ex.first = m0 + first;
+  }
 
   // The warpgroups' partial tiles, red[g][token][column] in f32. Accumulator d[4j + 2h + e] is
   // column 16 * warp + lane / 4 + 8h, token 8j + 2 * (lane % 4) + e.
@@ -1268,12 +1536,10 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
 #pragma unroll
         for (int e = 0; e < 2; ++e) mine[(8 * j + 2 * (lane & 3) + e) * kWgRedLd + col + 8 * h] = d[4 * j + 2 * h + e];
   }
-  cluster_sync();  // every partial tile of the cluster is written
-  // Split: block `rank` sums tokens [rank * NT/2, (rank + 1) * NT/2) of the four partial tiles
-  // (its own two, then its peer's), else all NT of its own two; in a fixed order, 4 columns a thread.
+  cluster_sync();  // every partial tile of the cluster (and t) is written
+  // The sums in a fixed order, 4 columns a thread.
   constexpr int kQuads = kWgCols / 4;
-  const int tokens = split ? NT / kWgPair : NT, first = split ? static_cast<int>(rank) * tokens : 0;
-  for (int e = tid; e < tokens * kQuads; e += kWgThreads) {
+  for (int e = tid; e < tokens * kQuads; e += blockDim.x) {
     const int tok = first + e / kQuads, c4 = (e % kQuads) * 4;
     const int m = m0 + tok;
     if (m >= M || !has_w) continue;
@@ -1291,22 +1557,34 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
   cluster_wait();
 }
 
+// gemm_wgmma, gemm_expand (sh null) and gemm_lora.
 template <typename T>
-__device__ __forceinline__ void gemm_wgmma(const T* x, const T* w, T* y, int M, int K, int N, const Expand<T>& ex) {
+__device__ __forceinline__ void gemm_wgmma(const T* x, const T* w, T* y, int M, int K, int N, const Expand<T>& ex,
+                                           const Shrink<T>* sh = nullptr) {
   extern __shared__ __align__(128) uint8_t wg_smem[];
   if (M <= 0) return;
   if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) & 15) {
+    Expand<T> scalar = ex;
+    if (sh) {  // t from the partial sums (slow, as the whole path is)
+      if (threadIdx.x >= kWgThreads) sh->run(wg_smem + kWgSmem);
+      sh->wait();
+      scalar.t = sh->ws, scalar.chunks = sh->chunks(), scalar.M = M, scalar.scale = sh->scale;
+    }
     if (threadIdx.x < kThreads)
-      scalar_path<T, false>(x, w, nullptr, nullptr, y, M, K, N, 0, 0.f, ex, reinterpret_cast<float*>(wg_smem));
-    return;
+      scalar_path<T, false>(x, w, nullptr, nullptr, y, M, K, N, 0, 0.f, scalar, reinterpret_cast<float*>(wg_smem));
+  } else {
+    const int tile = M <= kWgSplitMaxM ? M : wg_tile_rows(M);
+    const int rows = min(tile, M - static_cast<int>(blockIdx.z) * tile);
+    if (rows <= 16) wgmma_path<T, 16>(x, w, y, M, K, N, ex, wg_smem, sh);
+    else if (rows <= 32) wgmma_path<T, 32>(x, w, y, M, K, N, ex, wg_smem, sh);
+    else if (rows <= 64) wgmma_path<T, 64>(x, w, y, M, K, N, ex, wg_smem, sh);
+    else if (rows <= 128) wgmma_path<T, 128>(x, w, y, M, K, N, ex, wg_smem, sh);
+    else wgmma_path<T, 256>(x, w, y, M, K, N, ex, wg_smem, sh);
   }
-  const int tile = M <= kWgSplitMaxM ? M : wg_tile_rows(M);
-  const int rows = min(tile, M - static_cast<int>(blockIdx.z) * tile);
-  if (rows <= 16) wgmma_path<T, 16>(x, w, y, M, K, N, ex, wg_smem);
-  else if (rows <= 32) wgmma_path<T, 32>(x, w, y, M, K, N, ex, wg_smem);
-  else if (rows <= 64) wgmma_path<T, 64>(x, w, y, M, K, N, ex, wg_smem);
-  else if (rows <= 128) wgmma_path<T, 128>(x, w, y, M, K, N, ex, wg_smem);
-  else wgmma_path<T, 256>(x, w, y, M, K, N, ex, wg_smem);
+  if (sh) {
+    __syncthreads();
+    sh->finish();
+  }
 }
 
 }  // namespace
@@ -1333,6 +1611,16 @@ __device__ __forceinline__ void gemm_wgmma(const T* x, const T* w, T* y, int M, 
                                    const int64_t* __restrict__ ids, const T* __restrict__ table,              \
                                    T* __restrict__ y, int M, int K, int N, int R, int rows) {                   \
     gemm_wgmma<T>(x, w, y, M, K, N, Expand<T>{t, ids, table, R, rows});                                         \
+  }                                                                                                             \
+  extern "C" __global__ void __cluster_dims__(kWgPair, 1, 1) __launch_bounds__(kLoraThreads, 1)                 \
+      stageml_gemm_lora_##SUFFIX(const T* __restrict__ x, const T* __restrict__ w,                              \
+                                 const int64_t* __restrict__ ids, const T* __restrict__ a,                      \
+                                 const T* __restrict__ b, T* __restrict__ y, float* __restrict__ ws, int M,     \
+                                 int K, int N, int R, int rows, uint32_t scale_bits, int site) {                \
+    const float scale = __uint_as_float(scale_bits);                                                            \
+    const Shrink<T> sh{x, ids, a, ws, g_lora_sync[static_cast<unsigned int>(site) % kSyncSlots], M, K, R, rows, \
+                       scale};                                                                                  \
+    gemm_wgmma<T>(x, w, y, M, K, N, Expand<T>{nullptr, ids, b, R, rows}, &sh);                                  \
   }                                                                                                             \
   extern "C" __global__ void __cluster_dims__(1, 1, kBgmvSplit) __launch_bounds__(kThreads, 3)                \
       stageml_bgmv_##SUFFIX(const T* __restrict__ x, const int64_t* __restrict__ ids,                           \
