@@ -9,19 +9,21 @@ multiple of 256) each K of 256 and 512 with each N of 64 and 192, and for
 a multi-tenant site (a base product against a global weight plus its
 expand, the per-row product of the rounded shrink by a slot table: the
 base product with its expand fused, gemm_expand, the shrink a BGMV) K 256
-and 512 with N 192 and 64: the IREE input like the lit test's is compiled
+and 512 with N 192 and 64, and the same sites exported for at most 128
+rows (bt.dims: the whole site one kernel, gemm_lora): the IREE input like the lit test's is compiled
 for llvm-cpu as it is and after the pass, which replaces the match by a
 call of the kernel's CPU reference (compiler/sm90/reference.mlir) with the
 operands and push constants the kernel's dispatch would get. Both run on
 the same fresh random inputs at 1, 5 and 16 rows (the wgmma kernels, made
-for any row count: 1, 5, 37 and 300); the rewritten module's relative error
+for any row count: 1, 5, 37 and 300, or 128 where the export bounds the
+rows there); the rewritten module's relative error
 against the original must stay within 2e-3 (f16) / 1e-2 (bf16) (the kernels
 round less often than the linalg they replace; BGMV's f32 results within
 1e-5), and the rewritten module must call the reference, so no test passes
 by not matching. The GEMM's adapter function returns the tiles it packed:
 they must be W in the kernels' layout, element by element.
 
-The gemm_expand reference is also run alone against its semantics in f64
+The gemm_expand and gemm_lora references are also run alone against their semantics in f64
 (numpy), with the rows past the ids (slot 0), more ids than rows, and rows of
 t past M (not read). The seed is printed; STAGEML_SEED=<seed> repeats a run.
 """
@@ -54,10 +56,12 @@ CASES = [("gemm", t) for t in DTYPES] \
     + [(f"lora-{order}", t) for order in ("outer", "inner") for t in DTYPES] + [("bgmv", t) for t in DTYPES] \
     + [(f"gemm_expand-{k}x{n}", t) for k, n in ((256, 192), (512, 64)) for t in DTYPES] \
     + [(f"lora_by_expand-{order}-{k}x{n}", t) for order, k, n in (("outer", 256, 192), ("inner", 512, 64))
-       for t in DTYPES]
+       for t in DTYPES] \
+    + [(f"{site}-bounded-256x192", t) for site in ("gemm_expand", "lora_by_expand-outer") for t in DTYPES]
 GEMMS = ("gemm", "gemm_wgmma")
 # the kernels each pattern's rewrite calls (a LoRA site with K % 256 = 0 takes the multi-tenant path's)
 KERNELS = {"gemm_expand": ("gemm_expand", "bgmv"), "lora_by_expand": ("gemm_expand", "bgmv")}
+BOUNDED_ROWS = 128  # a site's rows the export bounds to this: the site is one kernel, gemm_lora
 WGMMA = ("gemm_wgmma", "gemm_expand")  # the kernels of any row count, the shapes given
 TILE, STRIP = 64, 8
 
@@ -137,9 +141,14 @@ module {{
 }}"""
 
 
-def _lora_module(t: str, k: int, n: int, w: np.ndarray, scale: float, order: str) -> str:
+def _rows_bound(k: int, rows: int | None) -> str:
+    """x's argument attributes: its export's dims (bt.dims), at most `rows` rows; none for None."""
+    return "" if rows is None else f" {{bt.dims = [{{max = {rows} : i64, min = 0 : i64}}, {{max = {k} : i64, min = {k} : i64}}]}}"
+
+
+def _lora_module(t: str, k: int, n: int, w: np.ndarray, scale: float, order: str, rows: int | None) -> str:
     """A request-path LoRA site against a global weight (packed after its load);
-    the scale on (x@A)@B ("outer", PEFT's order) or on x@A ("inner")."""
+    the scale on (x@A)@B ("outer", PEFT's order) or on x@A ("inner"); x of at most `rows` rows."""
     x_type, w_type = f"tensor<?x{k}x{t}>", f"tensor<{k}x{n}x{t}>"
     a_type, b_type = f"tensor<{k}x{RANK}x{t}>", f"tensor<{RANK}x{n}x{t}>"
     down = _product("down", "%x", x_type, "%a", a_type, str(RANK), t)
@@ -155,7 +164,7 @@ def _lora_module(t: str, k: int, n: int, w: np.ndarray, scale: float, order: str
     return f"""{_MAP}
 module {{
   util.global private @w = {_dense(w)} : {w_type}
-  func.func @forward(%x: {x_type}, %a: {a_type}, %b: {b_type}) -> tensor<?x{n}x{t}>
+  func.func @forward(%x: {x_type}{_rows_bound(k, rows)}, %a: {a_type}, %b: {b_type}) -> tensor<?x{n}x{t}>
       attributes {{bt.stage = "dynamic", bt.program = "main"}} {{
     %c0 = arith.constant 0 : index
     %zero = arith.constant 0.0 : f32
@@ -220,18 +229,18 @@ module {{
 }}"""
 
 
-def _expand_module(t: str, k: int, n: int, w: np.ndarray) -> str:
+def _expand_module(t: str, k: int, n: int, w: np.ndarray, rows: int | None) -> str:
     """A multi-tenant site as fuse-gathers leaves it: the base product against a
     global weight plus the expand, the per-row product of the rounded shrink t
     (itself the per-row product of x by the A table) by the B table, rounded and
-    collapsed to [M, N]."""
+    collapsed to [M, N]; x of at most `rows` rows."""
     x_type, w_type, out = f"tensor<?x{k}x{t}>", f"tensor<{k}x{n}x{t}>", f"tensor<?x{n}x{t}>"
     a_type, b_type = f"tensor<{SLOTS}x{k}x{RANK}x{t}>", f"tensor<{SLOTS}x{RANK}x{n}x{t}>"
     return f"""{_MAP}
 #rows = affine_map<(d0, d1, d2) -> (d0, d1, d2)>
 module {{
   util.global private @w = {_dense(w)} : {w_type}
-  func.func @forward(%x: {x_type}, %ids: tensor<?xi64>, %a: {a_type} {{bt.kind = "resident"}},
+  func.func @forward(%x: {x_type}{_rows_bound(k, rows)}, %ids: tensor<?xi64>, %a: {a_type} {{bt.kind = "resident"}},
                      %b: {b_type} {{bt.kind = "resident"}}) -> {out}
       attributes {{bt.stage = "dynamic", bt.program = "factorized"}} {{
     %c0 = arith.constant 0 : index
@@ -277,6 +286,7 @@ def test_reference_rewrite_computes_the_original(pattern, t):
     print(f"seed {SEED} (STAGEML_SEED={SEED} repeats it)")
     rng = _rng(pattern, t)
     kernel = pattern.split("-")[0]
+    bounded = BOUNDED_ROWS if "-bounded-" in pattern else None
     if kernel in WGMMA or kernel == "lora_by_expand":
         k, n = map(int, pattern.split("-")[-1].split("x"))
     else:
@@ -287,13 +297,13 @@ def test_reference_rewrite_computes_the_original(pattern, t):
         w = _random(rng, (k, n), t, k ** -0.5)
         # exact in T, and at least sqrt(2) away from 1 by ratio: a dropped scale shows
         scale = float(DTYPES[t](2.0 ** (rng.choice([-1, 1]) * rng.uniform(0.5, 2.0))))
-        text = _lora_module(t, k, n, w, scale, pattern.split("-")[1])
+        text = _lora_module(t, k, n, w, scale, pattern.split("-")[1], bounded)
     elif kernel == "gemm_expand":
-        text = _expand_module(t, k, n, _random(rng, (k, n), t, k ** -0.5))
+        text = _expand_module(t, k, n, _random(rng, (k, n), t, k ** -0.5), bounded)
     else:
         text = _bgmv_module(t, k, n)
     rewritten, stats = _rewritten(text)
-    called = KERNELS.get(kernel, (kernel,))
+    called = ("gemm_lora",) if bounded else KERNELS.get(kernel, (kernel,))
     assert stats == {f"stageml_{c}": 1 for c in called}
     for c in called:
         assert f"call @stageml_{c}_{t}_reference(" in rewritten  # the match happened: the reference runs
@@ -301,7 +311,8 @@ def test_reference_rewrite_computes_the_original(pattern, t):
     original, reference = _load(text), _load(rewritten)
 
     bound = F32_BOUND if kernel == "bgmv" else BOUNDS[t]
-    for rows in WGMMA_ROWS if kernel in WGMMA or kernel == "lora_by_expand" else ROWS:
+    tried = WGMMA_ROWS if kernel in WGMMA or kernel == "lora_by_expand" else ROWS
+    for rows in tried if bounded is None else (*tried[:-1], bounded):
         if kernel in GEMMS:
             w, x = _random(rng, (k, n), t, k ** -0.5), _random(rng, (rows, k), t)
             tiles = reference["adapter"](w).to_host()
@@ -362,6 +373,44 @@ def test_gemm_expand_reference_computes_its_semantics(t):
         slot[:min(m, given)] = ids[:m]
         expected = (x.astype(np.float64) @ w.astype(np.float64)
                     + np.einsum("mr,mrn->mn", t_f32[:m, 0].astype(np.float64), table.astype(np.float64)[slot]))
+        assert y.shape == (m, n) and y.dtype == DTYPES[t]
+        err = _rel_err(y, expected)
+        assert err <= BOUNDS[t], f"{t} M={m} rows={given}: rel. err {err:.2e} > {BOUNDS[t]:.0e} (seed {SEED})"
+
+
+def _lora_reference(t: str) -> str:
+    """reference.mlir with @run, a public call of stageml_gemm_lora_T's reference."""
+    x, w, table = f"tensor<?x?x{t}>", f"tensor<?x?x8x64x8x{t}>", f"tensor<?x?x?x{t}>"
+    operands = f"{x}, {w}, tensor<?xi64>, {table}, {table}, i32, i32, i32, i32, i32, i32, i32"
+    return use_custom_kernels.REFERENCES.read_text() + f"""
+func.func @run(%x: {x}, %w: {w}, %ids: tensor<?xi64>, %a: {table}, %b: {table},
+               %m: i32, %k: i32, %n: i32, %r: i32, %rows: i32, %scale: i32) -> {x} {{
+  %site = arith.constant 0 : i32
+  %y = func.call @stageml_gemm_lora_{t}_reference(%x, %w, %ids, %a, %b, %m, %k, %n, %r, %rows, %scale, %site)
+      : ({operands}) -> {x}
+  return %y : {x}
+}}"""
+
+
+@pytest.mark.parametrize("t", DTYPES)
+def test_gemm_lora_reference_computes_its_semantics(t):
+    """y[m] = T(x[m] @ W + (s * x[m] @ a[slot(m)]) @ b[slot(m)]), slot(m) = ids[m] for m < rows,
+    else 0, against f64 (numpy), w in the kernels' tiles."""
+    print(f"seed {SEED} (STAGEML_SEED={SEED} repeats it)")
+    rng = _rng("gemm_lora-reference", t)
+    k, n, rank, slots, scale = 256, 192, 5, 4, 0.75
+    module = _load(_lora_reference(t))
+    for m, given in ((5, 5), (7, 3), (4, 6), (1, 0), (150, 150)):
+        x, w = _random(rng, (m, k), t), _random(rng, (k, n), t, k ** -0.5)
+        a, b = _random(rng, (slots, k, rank), t, k ** -0.5), _random(rng, (slots, rank, n), t, rank ** -0.5)
+        ids = rng.integers(1, slots, given).astype(np.int64)
+        bits = int(np.float32(scale).view(np.int32))
+        y = module["run"](x, _tiles(w), ids, a, b, m, k, n, rank, given, bits).to_host()
+        slot = np.zeros(m, np.int64)
+        slot[:min(m, given)] = ids[:m]
+        f64 = {name: v.astype(np.float64) for name, v in (("x", x), ("w", w), ("a", a), ("b", b))}
+        shrink = scale * np.einsum("mk,mkr->mr", f64["x"], f64["a"][slot])
+        expected = f64["x"] @ f64["w"] + np.einsum("mr,mrn->mn", shrink, f64["b"][slot])
         assert y.shape == (m, n) and y.dtype == DTYPES[t]
         err = _rel_err(y, expected)
         assert err <= BOUNDS[t], f"{t} M={m} rows={given}: rel. err {err:.2e} > {BOUNDS[t]:.0e} (seed {SEED})"

@@ -27,11 +27,11 @@ def _ptx_targets(art) -> set:
     return set(re.findall(rb"\.target (sm_\w+)", art.vmfb))
 
 
-def _compile(dtype, **options):
+def _compile(dtype, dynamic_shapes=ROWS, **options):
     torch.manual_seed(0)
     model = LoraLinear(d_in=256, d_out=512, rank=8).eval().to(dtype)
-    return model, stageml.compile(model, (torch.randn(4, 256).to(dtype),), dynamic_shapes=ROWS, target="sm90",
-                                  **options)
+    return model, stageml.compile(model, (torch.randn(4, 256).to(dtype),), dynamic_shapes=dynamic_shapes,
+                                  target="sm90", **options)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,11 @@ def sm90_artifacts(tmp_path_factory):
 # @forward's x@W (K = 256, N = 512: the wgmma kernel's multiples); @adapter's A@B (K = the rank, 8,
 # not a multiple of 64) stays with IREE
 MERGED_KERNELS = {"stageml_gemm_wgmma": 1}
-FACTORIZED_KERNELS = {"stageml_bgmv": 1, "stageml_gemm_expand": 1}  # a LoRA site with K = 256
+# a LoRA site with K = 256, up to 512 rows (ROWS): a BGMV and the GEMM with its expand; exported for at
+# most 128 rows (DECODE_ROWS): the whole site in one kernel
+FACTORIZED_KERNELS = {"stageml_bgmv": 1, "stageml_gemm_expand": 1}
+DECODE_ROWS = ({0: Dim("rows", max=128)},)
+DECODE_KERNELS = {"stageml_gemm_lora": 1}
 
 
 @needs_nvcc
@@ -65,9 +69,12 @@ def test_merged_residual_dispatches_the_gemm_kernel(sm90_artifacts):
     assert manifest["report"]["custom_kernels"] == MERGED_KERNELS
 
 
-# @forward's merged x@W (K = N = 256); @forward_factorized's site: x@A a BGMV (the shrink), x@W with the
-# expand (x@A)@B of each row's own adapter in its epilogue
-TENANT_KERNELS = {"stageml_gemm_wgmma": 1, "stageml_gemm_expand": 1, "stageml_bgmv": 1}
+# @forward's merged x@W (K = N = 256); @forward_factorized's site, at most 64 rows: x@A (the shrink), x@W
+# and the expand (x@A)@B of each row's own adapter in one kernel
+TENANT_KERNELS = {"stageml_gemm_wgmma": 1, "stageml_gemm_lora": 1}
+# the same site on more rows (e.g. up to 64 x 64 token rows): a BGMV shrink, then x@W with the expand in
+# its epilogue
+SPLIT_KERNELS = {"stageml_gemm_wgmma": 1, "stageml_bgmv": 1, "stageml_gemm_expand": 1}
 
 
 def _tenant_model(seed: int, rank: int = 8):
@@ -102,43 +109,48 @@ def _peft_rows(models: dict, names: list, x) -> torch.Tensor:
 
 
 @needs_nvcc
-def test_wgmma_kernels_keep_their_dynamic_shared_memory(tenant_artifact):
-    """hopper.mlir's `workgroup_local_memory` of the wgmma exports (the GEMM
-    and the GEMM with a fused expand) survives IREE's compile: the exports in
+def test_wgmma_kernels_keep_their_dynamic_shared_memory(tenant_artifact, sm90_artifacts):
+    """hopper.mlir's `workgroup_local_memory` of the wgmma exports (the GEMM,
+    the GEMM with a fused expand, the LoRA site in one kernel) survives IREE's compile: the exports in
     the residual's hal.executable carry it, and the .vmfb's CUDA executable
     gives it as the export's block_shared_memory_size, which IREE's runtime
     sets on the kernel (cuFuncSetAttribute) and launches it with."""
-    art = tenant_artifact
-    hal = iree_compiler.compile_str(art.mlir["iree"], target_backends=["cuda"],
-                                    extra_args=[f"--iree-hal-executable-object-search-path={build.build()}",
-                                                "--compile-to=executable-targets"])
+    arts = [tenant_artifact, sm90_artifacts["factorized"][1]]  # one kernel a site, and two
     with ir.Context():
-        module = ir.Module.parse(hal)
-        exports = {}
+        exports, modules = {}, []  # the modules outlive the ops kept from them
 
         def visit(op):
             if op.name == "hal.executable.export":
                 exports[ir.StringAttr(op.attributes["sym_name"]).value] = op
             return ir.WalkResult.ADVANCE
 
-        module.operation.walk(visit)
+        for art in arts:
+            hal = iree_compiler.compile_str(art.mlir["iree"], target_backends=["cuda"],
+                                            extra_args=[f"--iree-hal-executable-object-search-path={build.build()}",
+                                                        "--compile-to=executable-targets"])
+            modules.append(ir.Module.parse(hal))
+            modules[-1].operation.walk(visit)
         for name in ("stageml_gemm_wgmma_f16", "stageml_gemm_expand_f16"):
             export = exports[name]
             assert ir.IntegerAttr(export.attributes["workgroup_local_memory"]).value == 197632
             assert [ir.IntegerAttr(d).value for d in ir.ArrayAttr(export.attributes["workgroup_size"])] == [288, 1, 1]
+        lora = exports["stageml_gemm_lora_f16"]
+        assert ir.IntegerAttr(lora.attributes["workgroup_local_memory"]).value == 230656
+        assert [ir.IntegerAttr(d).value for d in ir.ArrayAttr(lora.attributes["workgroup_size"])] == [320, 1, 1]
         assert "workgroup_local_memory" not in exports["stageml_bgmv_f16"].attributes
-    # the CUDA ExportDef (flatbuffer): block_dims (288, 1, 1), then block_shared_memory_size
-    assert struct.pack("<4I", 288, 1, 1, 197632) in art.vmfb
+    # the CUDA ExportDef (flatbuffer): block_dims, then block_shared_memory_size
+    assert all(struct.pack("<4I", 288, 1, 1, 197632) in art.vmfb for art in arts)
+    assert struct.pack("<4I", 320, 1, 1, 230656) in arts[0].vmfb
 
 
 @needs_nvcc
 def test_unmerged_lora_site_takes_the_multi_tenant_kernels(sm90_artifacts):
-    # K = 256: the site's adapter as the only slot, a BGMV shrink, then the expand kernel
+    # K = 256: the site's adapter as the only slot; up to 512 rows a BGMV shrink, then the expand kernel
     _, art, _ = sm90_artifacts["factorized"]
     assert art.report.custom_kernels == FACTORIZED_KERNELS
     forward = art.mlir["iree"].split("@forward")[1]
     assert "stageml_bgmv_f16" in forward and "stageml_gemm_expand_f16" in forward
-    assert "linalg.matmul" not in forward and "stageml_lora" not in forward
+    assert "linalg.matmul" not in forward and "stageml_lora" not in forward and "stageml_gemm_lora" not in forward
     assert b"stageml_gemm_expand_f16" in art.vmfb
 
 
@@ -157,17 +169,23 @@ TOKEN_ROWS = ({0: Dim("rows", max=64), 1: Dim("tokens", max=64)},)
 
 @needs_nvcc
 @pytest.mark.parametrize("tokens", [None, 5], ids=["one-token", "multi-token"])
-def test_multi_tenant_site_is_a_bgmv_and_the_gemm_with_its_expand(request, tokens):
+def test_multi_tenant_site_is_one_kernel_or_a_bgmv_and_the_gemm_with_its_expand(request, tokens):
+    """The export's row bound picks the site's form when compiling: at most 64 rows, one
+    stageml_gemm_lora; up to 64 x 64 token rows, the BGMV and the GEMM with its expand.
+    Neither branches on the rows at run time."""
     art = request.getfixturevalue("tenant_artifact") if tokens is None else stageml.compile(
         _tenant_model(0), (torch.randn(3, tokens, 256).half(),), dynamic_shapes=TOKEN_ROWS, target="sm90",
         max_adapters=4, max_rank=8)
-    assert art.report.custom_kernels == TENANT_KERNELS
+    assert art.report.custom_kernels == (TENANT_KERNELS if tokens is None else SPLIT_KERNELS)
     forward = art.mlir["iree"].split("func.func @forward_factorized")[1]
-    assert forward.count("flow.dispatch @stageml_sm90::@stageml_bgmv_f16[") == 1
-    assert forward.count("flow.dispatch @stageml_sm90::@stageml_gemm_expand_f16[") == 1
+    one = 1 if tokens is None else 0
+    assert forward.count("flow.dispatch @stageml_sm90::@stageml_gemm_lora_f16[") == one
+    assert forward.count("flow.dispatch @stageml_sm90::@stageml_bgmv_f16[") == 1 - one
+    assert forward.count("flow.dispatch @stageml_sm90::@stageml_gemm_expand_f16[") == 1 - one
+    assert "scf.if" not in forward
     assert all(op not in forward for op in ("tensor.extract %", "linalg.matmul", "linalg.batch_matmul"))
     assert forward.count("linalg.broadcast") == (0 if tokens is None else 1)  # the tokens' ids, shared
-    assert b"stageml_gemm_expand_f16" in art.vmfb
+    assert (b"stageml_gemm_lora_f16" if one else b"stageml_gemm_expand_f16") in art.vmfb
 
 
 def test_no_custom_kernels_is_iree_codegen_for_the_hopper_target():
@@ -223,11 +241,13 @@ def test_sm90_residual_matches_pytorch(sm90_artifacts, name):
 # CPU references (custom_kernels="reference") against PyTorch ------------------
 
 @pytest.mark.parametrize("dtype, bound", [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
-@pytest.mark.parametrize("merge, kernels", [(True, MERGED_KERNELS), (False, FACTORIZED_KERNELS)])
-def test_sm90_rewrites_match_pytorch_on_the_cpu(tmp_path, dtype, bound, merge, kernels):
+@pytest.mark.parametrize("merge, rows, kernels", [(True, ROWS, MERGED_KERNELS), (False, ROWS, FACTORIZED_KERNELS),
+                                                  (False, DECODE_ROWS, DECODE_KERNELS)],
+                         ids=["merged", "factorized", "factorized-decode"])
+def test_sm90_rewrites_match_pytorch_on_the_cpu(tmp_path, dtype, bound, merge, rows, kernels):
     seed = torch.seed()
     print(f"seed {seed}")
-    model, art = _compile(dtype, merge_lora=merge, custom_kernels="reference")
+    model, art = _compile(dtype, merge_lora=merge, custom_kernels="reference", dynamic_shapes=rows)
     assert art.report.custom_kernels == kernels and art.target["device"] == "local-task"
     mod = art.load(str(tmp_path / "reference.vmfb"))
     for rows in (1, 5, 33):
@@ -278,19 +298,28 @@ def test_sm90_moe_rewrites_match_transformers_on_the_cpu(tmp_path):
         assert rel_err(mod(x), expected) <= 2e-3, shape
 
 
-@pytest.mark.parametrize("tokens", [None, 5], ids=["one-token", "multi-token"])
-def test_sm90_tenant_rewrites_match_peft_on_the_cpu(tmp_path, tokens):
+# (tokens per row, the export's dims, the site's kernels)
+TENANT_FORMS = {"one-token": (None, ROWS, SPLIT_KERNELS),
+                "one-token-decode": (None, DECODE_ROWS, TENANT_KERNELS),
+                "multi-token": (5, TOKEN_ROWS, SPLIT_KERNELS),
+                "multi-token-decode": (5, ({0: Dim("rows", max=16), 1: Dim("tokens", max=8)},), TENANT_KERNELS)}
+
+
+@pytest.mark.parametrize("form", TENANT_FORMS)
+def test_sm90_tenant_rewrites_match_peft_on_the_cpu(tmp_path, form):
     """A multi-tenant site with the kernels' CPU references, against PEFT: rows of
     two adapters (ranks 8 and 4) and of the base model in one batch. Rows of one
-    token or of 5 (the kernels then take the B*T token rows): the base product
-    takes the fused expand (K = N = 256)."""
+    token or of 5 (the kernels then take the B*T token rows), exported for at
+    most 128 rows (the whole site one kernel) or more (the base product takes
+    the fused expand, K = N = 256, after a BGMV shrink)."""
     seed = torch.seed()
     print(f"seed {seed}")
+    tokens, dims, kernels = TENANT_FORMS[form]
     models = {"a": _tenant_model(seed % 2 ** 31), "b": _tenant_model(seed % 2 ** 31 + 1, rank=4)}
     row = (256,) if tokens is None else (tokens, 256)
     art = stageml.compile(models["a"], (torch.randn(3, *row).half(),), target="sm90", max_adapters=3, max_rank=8,
-                          dynamic_shapes=ROWS if tokens is None else TOKEN_ROWS, custom_kernels="reference")
-    assert art.report.custom_kernels == TENANT_KERNELS
+                          dynamic_shapes=dims, custom_kernels="reference")
+    assert art.report.custom_kernels == kernels
     mod = art.load(str(tmp_path / "tenants.vmfb"), policy="factorized")
     for name, model in models.items():
         mod.load_adapter(name, {k: v for k, v in model.state_dict().items() if "lora_" in k},

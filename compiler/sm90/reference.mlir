@@ -56,6 +56,15 @@
 //     guarantees: K % 256 = 0, N % 64 = 0, R >= 1, M' >= M, 0 <= ids[i] < S
 //     (the kernel trusts them), S >= 1 where rows < M, shapes as above
 //
+//   stageml_gemm_lora_T(x: [M,K] T, w: [N/64,K/64,8,64,8] T, ids: [rows] i64,
+//                       a: [S,K,R] T, b: [S,R,N] T, M, K, N, R, rows, scale_bits, site: i32)
+//       -> y: [M,N] T   (the kernel's scratch ws is its own: no part of the semantics)
+//     a multi-tenant LoRA site, shrink and expand in one kernel: slot(m) as for
+//     stageml_gemm_expand_T, scale = scale_bits as f32, site unused
+//     t[m,0,r] = scale * sum_k f32(x[m,k]) * f32(a[slot(m),k,r])   (f32, never T)
+//     y = stageml_gemm_expand_T(x, w, t, ids, b)
+//     guarantees: R <= 32 and stageml_gemm_expand_T's
+//
 //   stageml_bgmv_T(x: [B,1,K] T, ids: [B] i64, table: [S,K,N] T, B, K, N: i32)
 //       -> y: [B,1,N] f32
 //     y[b,0,n] = sum_k f32(x[b,0,k]) * f32(table[ids[b],k,n])   (f32, no rounding)
@@ -582,6 +591,96 @@ func.func private @stageml_gemm_expand_bf16_reference(%x: tensor<?x?xbf16>, %w: 
     %rounded = arith.truncf %sum : f32 to bf16
     linalg.yield %rounded : bf16
   } -> tensor<?x?xbf16>
+  return %y : tensor<?x?xbf16>
+}
+
+// ---------------------------------------------------------------- a multi-tenant LoRA site in one kernel
+
+func.func private @stageml_gemm_lora_f16_reference(%x: tensor<?x?xf16>, %w: tensor<?x?x8x64x8xf16>,
+    %ids: tensor<?xi64>, %a: tensor<?x?x?xf16>, %b: tensor<?x?x?xf16>, %m: i32, %k: i32, %n: i32, %r: i32,
+    %rows: i32, %scale_bits: i32, %site: i32) -> tensor<?x?xf16>
+    attributes {stageml.reference_of = "stageml_gemm_lora_f16"} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %c32 = arith.constant 32 : index
+  %zero_i64 = arith.constant 0 : i64
+  %M = arith.index_cast %m : i32 to index
+  %R = arith.index_cast %r : i32 to index
+  %ROWS = arith.index_cast %rows : i32 to index
+  %r_ok = arith.cmpi ule, %R, %c32 : index
+  cf.assert %r_ok, "stageml_gemm_lora_f16: R must be at most 32"
+  // slot(m): the ids, then slot 0 up to M rows
+  %given = arith.minui %ROWS, %M : index
+  %past = arith.subi %M, %given : index
+  %padded = tensor.pad %ids low[0] high[%past] {
+  ^bb0(%i: index):
+    tensor.yield %zero_i64 : i64
+  } : tensor<?xi64> to tensor<?xi64>
+  %slot = tensor.extract_slice %padded[0] [%M] [1] : tensor<?xi64> to tensor<?xi64>
+  %xm = tensor.dim %x, %c0 : tensor<?x?xf16>
+  %xk = tensor.dim %x, %c1 : tensor<?x?xf16>
+  %x3 = tensor.expand_shape %x [[0, 1], [2]] output_shape [%xm, 1, %xk] : tensor<?x?xf16> into tensor<?x1x?xf16>
+  %t = func.call @stageml_bgmv_f16_reference(%x3, %slot, %a, %m, %k, %r)
+      : (tensor<?x1x?xf16>, tensor<?xi64>, tensor<?x?x?xf16>, i32, i32, i32) -> tensor<?x1x?xf32>
+  %scale = arith.bitcast %scale_bits : i32 to f32
+  %tm = tensor.dim %t, %c0 : tensor<?x1x?xf32>
+  %tr = tensor.dim %t, %c2 : tensor<?x1x?xf32>
+  %te = tensor.empty(%tm, %tr) : tensor<?x1x?xf32>
+  %ts = linalg.generic {indexing_maps = [affine_map<(m, o, r) -> (m, o, r)>, affine_map<(m, o, r) -> (m, o, r)>],
+                        iterator_types = ["parallel", "parallel", "parallel"]}
+      ins(%t : tensor<?x1x?xf32>) outs(%te : tensor<?x1x?xf32>) {
+  ^bb0(%tv: f32, %out: f32):
+    %scaled = arith.mulf %tv, %scale : f32
+    linalg.yield %scaled : f32
+  } -> tensor<?x1x?xf32>
+  %y = func.call @stageml_gemm_expand_f16_reference(%x, %w, %ts, %ids, %b, %m, %k, %n, %r, %rows)
+      : (tensor<?x?xf16>, tensor<?x?x8x64x8xf16>, tensor<?x1x?xf32>, tensor<?xi64>, tensor<?x?x?xf16>,
+         i32, i32, i32, i32, i32) -> tensor<?x?xf16>
+  return %y : tensor<?x?xf16>
+}
+
+func.func private @stageml_gemm_lora_bf16_reference(%x: tensor<?x?xbf16>, %w: tensor<?x?x8x64x8xbf16>,
+    %ids: tensor<?xi64>, %a: tensor<?x?x?xbf16>, %b: tensor<?x?x?xbf16>, %m: i32, %k: i32, %n: i32, %r: i32,
+    %rows: i32, %scale_bits: i32, %site: i32) -> tensor<?x?xbf16>
+    attributes {stageml.reference_of = "stageml_gemm_lora_bf16"} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %c32 = arith.constant 32 : index
+  %zero_i64 = arith.constant 0 : i64
+  %M = arith.index_cast %m : i32 to index
+  %R = arith.index_cast %r : i32 to index
+  %ROWS = arith.index_cast %rows : i32 to index
+  %r_ok = arith.cmpi ule, %R, %c32 : index
+  cf.assert %r_ok, "stageml_gemm_lora_bf16: R must be at most 32"
+  // slot(m): the ids, then slot 0 up to M rows
+  %given = arith.minui %ROWS, %M : index
+  %past = arith.subi %M, %given : index
+  %padded = tensor.pad %ids low[0] high[%past] {
+  ^bb0(%i: index):
+    tensor.yield %zero_i64 : i64
+  } : tensor<?xi64> to tensor<?xi64>
+  %slot = tensor.extract_slice %padded[0] [%M] [1] : tensor<?xi64> to tensor<?xi64>
+  %xm = tensor.dim %x, %c0 : tensor<?x?xbf16>
+  %xk = tensor.dim %x, %c1 : tensor<?x?xbf16>
+  %x3 = tensor.expand_shape %x [[0, 1], [2]] output_shape [%xm, 1, %xk] : tensor<?x?xbf16> into tensor<?x1x?xbf16>
+  %t = func.call @stageml_bgmv_bf16_reference(%x3, %slot, %a, %m, %k, %r)
+      : (tensor<?x1x?xbf16>, tensor<?xi64>, tensor<?x?x?xbf16>, i32, i32, i32) -> tensor<?x1x?xf32>
+  %scale = arith.bitcast %scale_bits : i32 to f32
+  %tm = tensor.dim %t, %c0 : tensor<?x1x?xf32>
+  %tr = tensor.dim %t, %c2 : tensor<?x1x?xf32>
+  %te = tensor.empty(%tm, %tr) : tensor<?x1x?xf32>
+  %ts = linalg.generic {indexing_maps = [affine_map<(m, o, r) -> (m, o, r)>, affine_map<(m, o, r) -> (m, o, r)>],
+                        iterator_types = ["parallel", "parallel", "parallel"]}
+      ins(%t : tensor<?x1x?xf32>) outs(%te : tensor<?x1x?xf32>) {
+  ^bb0(%tv: f32, %out: f32):
+    %scaled = arith.mulf %tv, %scale : f32
+    linalg.yield %scaled : f32
+  } -> tensor<?x1x?xf32>
+  %y = func.call @stageml_gemm_expand_bf16_reference(%x, %w, %ts, %ids, %b, %m, %k, %n, %r, %rows)
+      : (tensor<?x?xbf16>, tensor<?x?x8x64x8xbf16>, tensor<?x1x?xf32>, tensor<?xi64>, tensor<?x?x?xbf16>,
+         i32, i32, i32, i32, i32) -> tensor<?x?xbf16>
   return %y : tensor<?x?xbf16>
 }
 

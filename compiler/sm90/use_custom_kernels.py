@@ -20,12 +20,18 @@ kernels that read w in tiles (all but BGMV), K and N static multiples of 64:
     (s1, s2: optional constant scales; the kernel keeps x@a in f32 on chip)
     or, where K % 256 = 0, the multi-tenant path's kernels with the site's
     adapter as slot 0 of one-slot tables (on an H200, per 4096² r=16 layer,
-    they take 21-50 µs at 1-256 rows in the tenant stack; stageml_lora 25-158):
+    they take 21-50 µs at 1-256 rows in the tenant stack; stageml_lora 25-158),
+    by the most rows x can have (the export's ranges, known when compiling):
   → %ids = linalg.fill 0 : tensor<Mxi64>
+    at most 128:
+    %y, %ws = flow.dispatch @stageml_sm90::@stageml_gemm_lora_T[%M, %N](%x, %s, %ids,
+           expand_shape %a : 1xKxR, expand_shape %b : 1xRxN, M, K, N, R, M, bits(s1*s2), site)
+    else:
     %t = flow.dispatch @stageml_sm90::@stageml_bgmv_T[%M, %R](expand_shape %x : Mx1xK, %ids,
            expand_shape %a : 1xKxR, M, K, R)
     %t2 = linalg.generic {arith.mulf %t, s1*s2}   (where s1*s2 != 1; where b is adapter
-           state used once, its adapter function multiplies b instead, at load)
+           state used once, its adapter function multiplies b instead, at load, and
+           stageml_gemm_lora's scale is 1)
     %y = flow.dispatch @stageml_sm90::@stageml_gemm_expand_T[%M, %N](%x, %s, %t2, %ids,
            expand_shape %b : 1xRxN, M, K, N, R, M)
 
@@ -45,13 +51,22 @@ kernels that read w in tiles (all but BGMV), K and N static multiples of 64:
     %y = linalg.generic {arith.addf} ins(GEMM(%x, %w), tensor.collapse_shape(%l16))
   → %y = flow.dispatch @stageml_sm90::@stageml_gemm_expand_T[%M, %N](%x, %s, %t, %ids, %b, M, K, N, R, rows)
     (rows: the ids' count; the kernel adds t @ b[ids[m]] to each row's product
-    in its epilogue). On rows of T tokens (fuse-gathers{multi-token}: the
+    in its epilogue). Where t is the BGMV of the same rows by the same ids
+    (%t = BGMV(expand_shape %x, %ids, %a), used once, R <= 32), the site's
+    shrink goes with it, by the most rows x can have (the export's ranges, known
+    when compiling; no branch at run time): up to 128 rows all of it is one
+      %y, %ws = flow.dispatch @stageml_sm90::@stageml_gemm_lora_T[%M, %N](%x, %s, %ids, %a, %b,
+             M, K, N, R, rows, bits(1.0), site)
+    (%ws: the kernel's scratch, [ceil(K / kc), M, R] f32, which nothing reads;
+    site: the call's number in the module, kernels.cu's counter slot), more or
+    unbounded, the shrink is its own BGMV dispatch and the base product stageml_gemm_expand
+    as above. On rows of T tokens (fuse-gathers{multi-token}: the
     per-row products on the B*T token rows) the products reach the add
     [B, T, N] through reshapes of their rows; the kernel then computes the
     [B*T, N] token rows, reshaped to [B, T, N]. The kernel reads t in f32
     and rounds y once, where the input rounds t, l and y to T: its result is
     the more accurate one, and differs from the input's by those roundings.
-    The shrink producing t stays (a BGMV of its own).
+    A shrink that is no such BGMV stays (a BGMV of its own).
 
   lowering=reference: each `flow.dispatch @stageml_sm90::@K(operands)` above
   is instead
@@ -85,8 +100,9 @@ root is its add (a LoRA site's adds two products, a multi-tenant site's a
 product and a collapse), while the products inside it are GEMM and BGMV
 roots of their own, visited in whatever order the driver takes. So the GEMM
 and BGMV patterns decline a product that a site which will be rewritten
-consumes (a multi-tenant site consumes its base product and its expand, not
-its shrink); that, not the benefit, makes the site win whatever the order.
+consumes (a multi-tenant site consumes its base product and its expand, and
+its shrink where the site's rewrite takes it); that, not the benefit, makes
+the site win whatever the order.
 The tiles (packed once per weight) and the adapter functions whose results
 change are state the patterns share (`_Tiles`), and function types are set
 after the driver finishes.
@@ -98,12 +114,12 @@ import struct
 
 from iree.compiler import ir
 from iree.compiler import rewrite
-from iree.compiler.dialects import arith, flow, func as func_d, tensor, linalg
+from iree.compiler.dialects import arith, flow, func as func_d, linalg, tensor
 
 from stageml.compiler import facts
 from stageml.compiler.passes import register
 from stageml.compiler.passes.fuse_gathers import dims_of, expanded, fused_product
-from stageml.compiler.residual_ir import defining_op, is_zero_fill, retype
+from stageml.compiler.residual_ir import defining_op, dim_bound, is_zero_fill, retype
 from stageml.compiler.sm90 import EXECUTABLE, HOPPER
 from stageml.errors import CompileError
 
@@ -111,6 +127,8 @@ REFERENCES = pathlib.Path(__file__).with_name("reference.mlir")
 REFERENCE_OF = "stageml.reference_of"  # reference.mlir: the kernel a function is the reference of
 REFERENCE_PART = "stageml.reference_part"  # reference.mlir: a part several references share
 MAX_RANK = 32
+LORA_MAX_ROWS = 128  # rows at most this: a LoRA site by stageml_gemm_lora, one kernel (see the doc)
+SHRINK_A_BYTES = 14336  # stageml_gemm_lora's shrink units: at most this many bytes of a's rows (kernels.cu)
 TILE, STRIP = 64, 8  # w's tiles: 64x64 of W, each 8 strips of 8 columns (kernels.cu)
 # (K, N) multiples each kernel that reads tiles needs (kernels.cu's guarantees)
 ALIGN = {"stageml_gemm": (64, 64), "stageml_lora": (64, 64), "stageml_gemm_wgmma": (256, 64),
@@ -143,6 +161,9 @@ class _Match:
                                   # the kernel computes, its [M, N] result then reshaped to the root's
     shrink: float | None = None   # a one-adapter LoRA site by the expand kernel: operands [x, w, a, b], the
                                   # rewrite adds the shrink x @ a times this scale (BGMV over zero ids)
+    tenant_shrink: "_Match | None" = None  # a multi-tenant site's shrink (its BGMV), which the rewrite takes
+    tenant_shrink_root: object = None      # ... and the per-row product it replaces
+    scratch: list | None = None   # stageml_gemm_lora: the shape of its scratch result (f32, [C, rows, R])
 
 
 # -- matching -------------------------------------------------------------------
@@ -310,6 +331,20 @@ def _unreshaped(value):
         value = source
 
 
+def _same_rows(a, b, depth: int = 3) -> bool:
+    """Whether `a` and `b` are one value, or reshapes / broadcasts (the same op, attributes and
+    type) of such values: the per-token ids fuse-gathers{multi-token} builds for each of a
+    site's products, which CSE leaves apart."""
+    if a == b:
+        return True
+    op_a, op_b = defining_op(a), defining_op(b)
+    if (depth == 0 or op_a is None or op_b is None or op_a.name != op_b.name or a.type != b.type
+            or op_a.name not in (*_RESHAPES, "linalg.broadcast")):
+        return False
+    attributes = [{name: op.attributes[name] for name in op.attributes} for op in (op_a, op_b)]
+    return attributes[0] == attributes[1] and _same_rows(op_a.operands[0], op_b.operands[0], depth - 1)
+
+
 def _expand_of(base, adapted) -> _Match | None:
     """`base` + `adapted` as a multi-tenant site's base product and its LoRA
     expand (the per-row product of its rounded shrink t), else None. Rows of
@@ -338,7 +373,13 @@ def _expand_of(base, adapted) -> _Match | None:
         return None
     if flat is not base and ir.RankedTensorType(base.type).rank != 3:
         return None  # (rows of several tokens: [B, T, N])
-    return _Match("stageml_gemm_expand", [x, w, t, ids, table], [k, n, rank, ids], rows=None if flat is base else x)
+    found = _Match("stageml_gemm_expand", [x, w, t, ids, table], [k, n, rank, ids], rows=None if flat is base else x)
+    shrink_root = defining_op(t)
+    shrink = None if shrink_root is None or not _one_use(t) else _bgmv(shrink_root)
+    if (shrink is not None and _same_rows(shrink.operands[1], ids)
+            and _unreshaped(shrink.operands[0]) == _unreshaped(x) and rank <= MAX_RANK):
+        found.tenant_shrink, found.tenant_shrink_root = shrink, shrink_root
+    return found
 
 
 def _expand(op) -> _Match | None:
@@ -347,27 +388,29 @@ def _expand(op) -> _Match | None:
 
 
 def _site_of(value):
-    """The add of the site (LoRA, or a base product with its expand) that
-    `value` (a product's result) flows into alone, else None.
+    """(the add of the site (LoRA, or a base product with its expand) that
+    `value` (a product's result) flows into alone, whether the walk passed a
+    per-row product), else (None, False).
 
     A site's products reach its add through single uses: the base directly;
     a LoRA site's x@A through its scaling, x@A@B's matmul, truncf and
     scaling; a multi-tenant site's expand through its truncf and the
     collapse of the unit dimension (its products, on rows of several tokens,
-    also through the reshapes of their rows). A multi-tenant site's shrink, which its
-    rewrite keeps, is no part of it: the walk from it stops at the expand,
-    a per-row product, not an elementwise op."""
-    for _ in range(6):
+    also through the reshapes of their rows); its shrink through its truncf
+    and the expand, a per-row product."""
+    through = False
+    for _ in range(8):
         if not _one_use(value):
-            return None
+            return None, False
         user = list(value.uses)[0].owner.operation
-        if (user.name not in ("linalg.matmul", *_RESHAPES) and _pointwise(user) is None) \
+        per_row = fused_product(user) is not None
+        if (user.name not in ("linalg.matmul", *_RESHAPES) and _pointwise(user) is None and not per_row) \
                 or len(user.results) != 1:
-            return None
+            return None, False
         if _elementwise(user.results[0], ["arith.addf", "linalg.yield"]) is not None:
-            return user
-        value = user.results[0]
-    return None
+            return user, through
+        value, through = user.results[0], through or per_row
+    return None, False
 
 
 # -- the tiles --------------------------------------------------------------------
@@ -458,9 +501,17 @@ def _push(constant) -> ir.Value:
     return arith.IndexCastOp(i32, _rows(constant, _dynamic_dims(constant))).result
 
 
+def _shrink_chunks(k: int, rank: int) -> int:
+    """stageml_gemm_lora's shrink chunks of K (kernels.cu): units of at most 1024 k-rows and
+    SHRINK_A_BYTES of a's rows, a multiple of 32 k-rows."""
+    rows = min(1024, SHRINK_A_BYTES // (2 * rank) // 32 * 32)
+    return -(-k // rows)
+
+
 def _kernel_call(match: _Match, out, result_type, lowering: str, references: dict) -> ir.Value:
     """The kernel's result (`result_type`, shaped as `out`) at the current insertion point:
-    workload (rows, N), push constants (rows, *match.constants) as i32."""
+    workload (rows, N), push constants (rows, *match.constants) as i32; a kernel with scratch
+    (match.scratch) has it as a second result, which nothing reads."""
     index, i32 = ir.IndexType.get(), ir.IntegerType.get_signless(32)
     result_dims = _dynamic_dims(out)
     rows = _rows(out, result_dims)
@@ -475,8 +526,14 @@ def _kernel_call(match: _Match, out, result_type, lowering: str, references: dic
     n = arith.ConstantOp(index, result_type.shape[-1]).result
     entry = ir.ArrayAttr.get([ir.SymbolRefAttr.get([EXECUTABLE, kernel])])
     argument_dims = [d for v in match.operands for d in _dynamic_dims(v)]
-    return flow.DispatchOp([result_type], [rows, n], entry, match.operands + pushed, argument_dims, result_dims,
-                           tied_operands=ir.ArrayAttr.get([ir.IntegerAttr.get(index, -1)])).results[0]
+    result_types = [result_type]
+    if match.scratch is not None:
+        result_types.append(ir.RankedTensorType.get(
+            [ir.ShapedType.get_dynamic_size() if isinstance(d, ir.Value) else d for d in match.scratch], ir.F32Type.get()))
+        result_dims += [d for d in match.scratch if isinstance(d, ir.Value)]
+    untied = ir.ArrayAttr.get([ir.IntegerAttr.get(index, -1)] * len(result_types))
+    return flow.DispatchOp(result_types, [rows, n], entry, match.operands + pushed, argument_dims, result_dims,
+                           tied_operands=untied).results[0]
 
 
 def _times(value, scale: float) -> ir.Value:
@@ -509,6 +566,7 @@ class _Rewriter:
         self.references = {}  # kernel -> its reference function (lowering=reference), cloned on first use
         self.library = None   # reference.mlir, parsed on the first clone
         self.counts = {}
+        self.sites = 0  # stageml_gemm_lora calls made: each one's push constant `site` is their count before it
 
     def patterns(self) -> rewrite.FrozenRewritePatternSet:
         patterns = rewrite.RewritePatternSet()
@@ -529,12 +587,14 @@ class _Rewriter:
         return None if found is None or self._in_site(op) else found
 
     def _in_site(self, op) -> bool:
-        """Whether `op`'s product belongs to a site (LoRA, or a base product with its expand) that will be rewritten."""
-        site = _site_of(op.results[0])
+        """Whether `op`'s product belongs to a site (LoRA, or a base product with its expand) that
+        will be rewritten: a multi-tenant site's shrink only where the site's rewrite takes it."""
+        site, shrink = _site_of(op.results[0])
         if site is None:
             return False
         func = _function(site)
         return any(found is not None and self.tiles.available(found.operands[found.weight], func)
+                   and (not shrink or found.tenant_shrink_root == op)
                    for found in (_lora(site), _expand(site)))
 
     def _apply(self, op, rewriter, match) -> bool:
@@ -551,14 +611,15 @@ class _Rewriter:
                 return True
             found.operands[found.weight] = self.tiles(found.operands[found.weight], func)
         with rewriter.ip, root.location:
-            if found.shrink is not None:
-                self._shrink(found, func)
             out = root.opview.outputs[0] if found.rows is None else found.rows
             result_type = ir.RankedTensorType(root.results[0].type)
             if found.rows is not None:  # the kernel's [M, N] rows, reshaped to the root's at the end
                 result_type = ir.RankedTensorType.get([ir.RankedTensorType(out.type).shape[0],
                                                        result_type.shape[-1]], result_type.element_type)
-            result = self._call(found, out, result_type)
+            if found.shrink is not None or found.tenant_shrink is not None:
+                result = self._lora_site(found, func, out, result_type)
+            else:
+                result = self._call(found, out, result_type)
             if found.rows is not None:
                 result = expanded(result, [[0, 1], [2]], dims_of(root.opview.outputs[0]))
         rewriter.replace_op(root, [result])
@@ -571,27 +632,52 @@ class _Rewriter:
         self.counts[match.kernel] = self.counts.get(match.kernel, 0) + 1
         return _kernel_call(match, out, result_type, self.lowering, self.references)
 
-    def _shrink(self, match: _Match, func) -> None:
-        """A one-adapter LoRA site's operands [x, w, a, b] → the expand kernel's [x, w, t, ids, b]:
-        the site's one adapter as slot 0 of one-slot tables, every row's id 0, and its shrink
-        t = x @ a in f32 by the BGMV kernel,
+    def _lora_site(self, match: _Match, func, out, result_type) -> ir.Value:
+        """A LoRA site with its shrink, by the most rows its input can have (the export's
+        ranges, residual_ir.dim_bound): up to LORA_MAX_ROWS one stageml_gemm_lora, else the
+        shrink's BGMV and then stageml_gemm_expand (as measured on an H200, the one kernel takes
+        1-2 µs less at 1-8 rows, as long at 32-128, and 10 µs more at 256: benchmarks/results),
+          %y, %ws = flow.dispatch @stageml_gemm_lora_T(%x, %s, %ids, %a, %b, M, K, N, R, rows, bits(scale), site)
+        or
+          %t = flow.dispatch @stageml_bgmv_T(expand_shape %x : Mx1xK, %ids, %a)
+          %y = flow.dispatch @stageml_gemm_expand_T(%x, %s, %t, %ids, %b, M, K, N, R, rows)
+        The choice is made here, not by a branch on the rows at run time: IREE 3.13 submits each
+        branch of an scf.if around dispatches on its own, which cost more than the kernel saves.
+        A multi-tenant site's shrink is its own per-row product (which goes). A one-adapter site
+        [x, w, a, b] takes its adapter as slot 0 of one-slot tables, every row's id 0:
           %ids = linalg.fill 0 : tensor<Mxi64>
-          %t = flow.dispatch @stageml_bgmv_T(expand_shape %x : Mx1xK, %ids, expand_shape %a : 1xKxR)
-        The site's scale (where not 1) multiplies b in its adapter function where b is adapter
-        state used once (in T, at load), else t on the request path (in f32):
-          %t' = linalg.generic {arith.mulf %t, scale}"""
-        x, w, a, b = match.operands
+        and its scale (where not 1) multiplies b in its adapter function where b is adapter state
+        used once (in T, at load), else t on the request path (in f32: the push constant scale of
+        stageml_gemm_lora, a linalg.generic {arith.mulf %t, scale} before stageml_gemm_expand)."""
+        x, w = match.operands[:2]
         rows, k = dims_of(x)
-        (_, rank), (_, n) = ir.RankedTensorType(a.type).shape, ir.RankedTensorType(b.type).shape
-        i64, f32 = ir.IntegerType.get_signless(64), ir.F32Type.get()
-        ids = linalg.fill(arith.ConstantOp(i64, 0).result, outs=[tensor.EmptyOp([rows], i64).result])
-        shrink = _Match("stageml_bgmv", [expanded(x, [[0, 1], [2]], [rows, 1, k]), ids,
-                                         expanded(a, [[0, 1], [2]], [1, k, rank])], [k, rank], weight=None)
-        out = tensor.EmptyOp([rows, 1, rank], f32).result
-        t = self._call(shrink, out, out.type)
-        if match.shrink != 1.0 and not self.tiles.in_adapter(b, func, lambda v: _times(v, match.shrink)):
-            t = _times(t, match.shrink)
-        match.operands = [x, w, t, ids, expanded(b, [[0, 1], [2]], [1, rank, n])]
+        scale = 1.0
+        if match.tenant_shrink is not None:
+            x3, ids, a = match.tenant_shrink.operands
+            b = match.operands[-1]
+        else:
+            a, b = match.operands[2:]
+            (_, rank), (_, n) = ir.RankedTensorType(a.type).shape, ir.RankedTensorType(b.type).shape
+            if match.shrink != 1.0 and not self.tiles.in_adapter(b, func, lambda v: _times(v, match.shrink)):
+                scale = match.shrink
+            i64 = ir.IntegerType.get_signless(64)
+            ids = linalg.fill(arith.ConstantOp(i64, 0).result, outs=[tensor.EmptyOp([rows], i64).result])
+            x3, a, b = (expanded(x, [[0, 1], [2]], [rows, 1, k]), expanded(a, [[0, 1], [2]], [1, k, rank]),
+                        expanded(b, [[0, 1], [2]], [1, rank, n]))
+        _, rank, n = ir.RankedTensorType(b.type).shape
+        bound = dim_bound(x, 0)
+        if bound is not None and bound <= LORA_MAX_ROWS:
+            bits = struct.unpack("<i", struct.pack("<f", scale))[0]
+            lora = _Match("stageml_gemm_lora", [x, w, ids, a, b], [k, n, rank, ids, bits, self.sites],
+                          weight=None, scratch=[_shrink_chunks(k, rank), rows, rank])
+            self.sites += 1
+            return self._call(lora, out, result_type)
+        shrink = _Match("stageml_bgmv", [x3, ids, a], [k, rank], weight=None)
+        t_out = tensor.EmptyOp([rows, 1, rank], ir.F32Type.get()).result
+        t = self._call(shrink, t_out, t_out.type)
+        if scale != 1.0:
+            t = _times(t, scale)
+        return self._call(_Match("stageml_gemm_expand", [x, w, t, ids, b], [k, n, rank, ids]), out, result_type)
 
     def _reference(self, kernel: str) -> None:
         """Clones `kernel`'s reference function into the module (once), with the functions it calls."""

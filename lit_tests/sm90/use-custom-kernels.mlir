@@ -126,11 +126,11 @@ module {
   // CHECK:         %[[IDS:.+]] = linalg.fill ins(%c0_i64 : i64) outs(%{{.+}} : tensor<?xi64>)
   // CHECK:         %[[X:.+]] = tensor.expand_shape %arg0 {{.+}} into tensor<?x1x256xbf16>
   // CHECK:         %[[A:.+]] = tensor.expand_shape %arg1 {{.+}} into tensor<1x256x8xbf16>
+  // CHECK:         %[[B:.+]] = tensor.expand_shape %arg2 {{.+}} into tensor<1x8x512xbf16>
   // CHECK:         %[[T:.+]] = flow.dispatch @stageml_sm90::@stageml_bgmv_bf16[%{{.+}}, %c8](%[[X]], %[[IDS]], %[[A]], %{{.+}}, %c256_i32, %c8_i32) : {{.+}} -> tensor<?x1x8xf32>
   // CHECK:         %[[TS:.+]] = linalg.generic {{.+}} ins(%[[T]] : tensor<?x1x8xf32>)
   // CHECK:           %[[TWO:.+]] = arith.constant 2.000000e+00 : f32
   // CHECK:           arith.mulf %{{.+}}, %[[TWO]] : f32
-  // CHECK:         %[[B:.+]] = tensor.expand_shape %arg2 {{.+}} into tensor<1x8x512xbf16>
   // CHECK:         flow.dispatch @stageml_sm90::@stageml_gemm_expand_bf16[%{{.+}}, %{{.+}}](%arg0, %[[S]], %[[TS]], %[[IDS]], %[[B]], %{{.+}}, %{{.+}}, %c512_i32, %{{.+}}, %{{.+}}) : (tensor<?x256xbf16>{%{{.+}}}, tensor<8x4x8x64x8xbf16>, tensor<?x1x8xf32>{%{{.+}}}, tensor<?xi64>{%{{.+}}}, tensor<1x8x512xbf16>, i32, i32, i32, i32, i32) -> tensor<?x512xbf16>
   // CHECK-NOT:     linalg.matmul
   // CHECK-NOT:     stageml_lora
@@ -597,22 +597,24 @@ module {
   // The same site on rows of T tokens (fuse-gathers{multi-token}'s form): the
   // per-row products take the B*T token rows, each with its row's slot (%tids),
   // and reach the add [B, T, N] through reshapes of their rows, as does the
-  // base product. The expand kernel computes the token rows; its [B*T, N]
-  // result is reshaped to [B, T, N].
+  // base product. The export bounds the rows: at most 8 x 16 = 128 token rows
+  // (bt.dims, through the collapse), so the whole site, shrink included, is
+  // one stageml_gemm_lora (site 0: the module's first); it computes the token
+  // rows, and its [B*T, N] result is reshaped to [B, T, N].
   // CHECK-LABEL: func.func @forward_tenant_tokens
   // CHECK:         %[[XF:.+]] = tensor.collapse_shape %arg0 {{\[}}[0, 1], [2]]
-  // CHECK:         %[[T:.+]] = flow.dispatch @stageml_sm90::@stageml_bgmv_f16[{{.+}}](%{{.+}}, %arg1, %arg2, {{.+}}) : {{.+}} -> tensor<?x1x8xf32>
-  // CHECK:         %[[Y:.+]] = flow.dispatch @stageml_sm90::@stageml_gemm_expand_f16[{{.+}}](%[[XF]], %{{.+}}, %[[T]], %arg1, %arg3, {{.+}}) : {{.+}} -> tensor<?x512xf16>
+  // CHECK:         %[[Y:.+]]:2 = flow.dispatch @stageml_sm90::@stageml_gemm_lora_f16[{{.+}}](%[[XF]], %{{.+}}, %arg1, %arg2, %arg3, %{{.+}}, %c256_i32{{[_0-9]*}}, %c512_i32{{[_0-9]*}}, %c8_i32{{[_0-9]*}}, %{{.+}}, %c1065353216_i32, %c0_i32) : {{.+}} -> (tensor<?x512xf16>{%{{.+}}}, tensor<1x?x8xf32>{%{{.+}}})
+  // CHECK-NOT:     stageml_bgmv
   // CHECK-NOT:     linalg.generic
-  // CHECK:         %[[Y3:.+]] = tensor.expand_shape %[[Y]] {{\[}}[0, 1], [2]] output_shape [%{{.+}}, %{{.+}}, 512] : tensor<?x512xf16> into tensor<?x?x512xf16>
+  // CHECK:         %[[Y3:.+]] = tensor.expand_shape %[[Y]]#0 {{\[}}[0, 1], [2]] output_shape [%{{.+}}, %{{.+}}, 512] : tensor<?x512xf16> into tensor<?x?x512xf16>
   // CHECK:         return %[[Y3]]
   // REF-LABEL: func.func @forward_tenant_tokens
-  // REF:         call @stageml_bgmv_f16_reference(
-  // REF:         call @stageml_gemm_expand_f16_reference(
+  // REF:         call @stageml_gemm_lora_f16_reference(
+  // REF-NOT:     stageml_bgmv
   // REF-NOT:     linalg.generic
   // REF:         tensor.expand_shape
   // REF:         return
-  func.func @forward_tenant_tokens(%x: tensor<?x?x256xf16>, %tids: tensor<?xi64>, %a: tensor<5x256x8xf16> {bt.kind = "resident"}, %b: tensor<5x8x512xf16> {bt.kind = "resident"}) -> tensor<?x?x512xf16> attributes {bt.stage = "dynamic", bt.program = "factorized"} {
+  func.func @forward_tenant_tokens(%x: tensor<?x?x256xf16> {bt.dims = [{max = 8 : i64, min = 1 : i64}, {max = 16 : i64, min = 1 : i64}, {max = 256 : i64, min = 256 : i64}]}, %tids: tensor<?xi64>, %a: tensor<5x256x8xf16> {bt.kind = "resident"}, %b: tensor<5x8x512xf16> {bt.kind = "resident"}) -> tensor<?x?x512xf16> attributes {bt.stage = "dynamic", bt.program = "factorized"} {
     %c0 = arith.constant 0 : index
     %c1 = arith.constant 1 : index
     %zero = arith.constant 0.0 : f32
