@@ -4,7 +4,8 @@
 
 The calls: the multi-tenant 8-layer stack (peer.py's workload and weights, fp16,
 32 tenants resident) at decode 1 row / 1 tenant, decode 32 / 32 and prefill
-256 rows / 4 tenants, through `run_batch`; the small PEFT Llama's residual
+256 rows / 4 tenants, through `run_batch`, and its residual for at most 128
+rows (one kernel a LoRA site) at the decode shapes; the small PEFT Llama's residual
 (1 x 16 token ids) through `mod(ids)`. Each result is checked against float64
 first. Per call, medians:
 
@@ -54,6 +55,9 @@ from stageml.compiler.facts import IDS  # noqa: E402
 from stageml.runtime.module import _check_input  # noqa: E402
 
 SHAPES = [("decode", 1, 1), ("decode", 32, 32), ("prefill", 256, 4)]
+# (label, residual stack-tenants-f16-sm90{suffix}, its shapes): the one for any rows (a LoRA site a BGMV and
+# the GEMM with its expand) and the one for at most 128 rows (a LoRA site one kernel)
+STACKS = [("stack", "", SHAPES), ("stack for <= 128 rows", "-decode", SHAPES[:2])]
 OPTIONS = {
     "streams (stageml.load's flags)": [],
     "streams, stream-ordered allocations (IREE's default)": ["--cuda_async_allocations=true"],
@@ -103,44 +107,48 @@ def host_steps(mod, entry: dict, x, names: list) -> dict:
 
 def stack_rows(art_dir: str, scratch: str) -> tuple[list, dict]:
     weights = Weights(torch.float16, seed=int.from_bytes(os.urandom(4), "little"))
-    vmfb = os.path.join(art_dir, "stack-tenants-f16-sm90.vmfb")
-    write_archive(weights.model, {f"weight.{l}": f"weight.{l}" for l in range(STACK["layers"])}, vmfb[:-5] + ".irpa")
-    mod = stageml.load(vmfb, policy="factorized")
-    for t in range(TENANTS):
-        mod.load_adapter(f"t{t}", {k: to_numpy(v) for k, v in weights.adapter(t).items()})
-    slots = {f"t{t}": mod.stats()["adapters"][f"t{t}"]["slot"] for t in range(TENANTS)}
-    entry = mod.entry("dynamic", "factorized")
     rows, options = [], {}
-    for kind, count, tenants in SHAPES:
-        assigned = mapping(kind, count, tenants)
-        names = [f"t{t}" for t in assigned]
-        x = torch.randn(count, STACK["d"], device="cuda", dtype=torch.float16)
-        shape = f"stack, {kind} {count} rows / {tenants} tenants"
-        expected = weights.reference(x, assigned)
-        check(f"call path {shape}, torch in and out", rel_err(mod.run_batch(x, names), expected), BOUNDS["f16"])
-        check(f"call path {shape}, numpy in and out", rel_err(mod.run_batch(to_numpy(x), names), expected),
-              BOUNDS["f16"])
-        ids = np.array([slots[n] for n in names], np.int64)
-        flags = input_flags([to_numpy(x), ids], scratch, f"stack{count}")
-        row = {"call": shape, **kernel_times(lambda: mod.run_batch(x, names)),
-               "device": bench_iree(vmfb, flags, function=entry["symbol"]),
-               "invoke": bench_host(device_invoke(mod, entry, {"x": to_numpy(x), IDS: ids})),
-               "torch": bench_host(lambda: mod.run_batch(x, names)),
-               "numpy": bench_host(lambda: mod.run_batch(to_numpy(x), names)),
-               "exported": mod._exports, "steps": host_steps(mod, entry, x, names)}
-        rows.append(row)
-        print(row, flush=True)
-        if count == 32:
-            options = {name: bench_iree(vmfb, flags + extra, function=entry["symbol"])
-                       for name, extra in OPTIONS.items()}
-            static = os.path.join(art_dir, "stack-tenants-f16-sm90-rows32.vmfb")
-            if os.path.exists(static):
-                write_archive(weights.model, {f"weight.{l}": f"weight.{l}" for l in range(STACK["layers"])},
-                              static[:-5] + ".irpa")
-                for name, extra in (("streams", []), ("CUDA graphs", ["--cuda_use_streams=false"])):
-                    options[f"static 32 rows, {name}"] = bench_iree(static, flags + extra,
-                                                                    function=entry["symbol"])
-            print(options, flush=True)
+    for label, suffix, shapes in STACKS:
+        vmfb = os.path.join(art_dir, f"stack-tenants-f16-sm90{suffix}.vmfb")
+        write_archive(weights.model, {f"weight.{l}": f"weight.{l}" for l in range(STACK["layers"])},
+                      vmfb[:-5] + ".irpa")
+        mod = stageml.load(vmfb, policy="factorized")
+        for t in range(TENANTS):
+            mod.load_adapter(f"t{t}", {k: to_numpy(v) for k, v in weights.adapter(t).items()})
+        slots = {f"t{t}": mod.stats()["adapters"][f"t{t}"]["slot"] for t in range(TENANTS)}
+        entry = mod.entry("dynamic", "factorized")
+        for kind, count, tenants in shapes:
+            assigned = mapping(kind, count, tenants)
+            names = [f"t{t}" for t in assigned]
+            x = torch.randn(count, STACK["d"], device="cuda", dtype=torch.float16)
+            shape = f"{label}, {kind} {count} rows / {tenants} tenants"
+            expected = weights.reference(x, assigned)
+            check(f"call path {shape}, torch in and out", rel_err(mod.run_batch(x, names), expected), BOUNDS["f16"])
+            check(f"call path {shape}, numpy in and out", rel_err(mod.run_batch(to_numpy(x), names), expected),
+                  BOUNDS["f16"])
+            ids = np.array([slots[n] for n in names], np.int64)
+            flags = input_flags([to_numpy(x), ids], scratch, f"stack{count}")
+            row = {"call": shape, **kernel_times(lambda: mod.run_batch(x, names)),
+                   "device": bench_iree(vmfb, flags, function=entry["symbol"]),
+                   "invoke": bench_host(device_invoke(mod, entry, {"x": to_numpy(x), IDS: ids})),
+                   "torch": bench_host(lambda: mod.run_batch(x, names)),
+                   "numpy": bench_host(lambda: mod.run_batch(to_numpy(x), names)),
+                   "exported": mod._exports, "steps": host_steps(mod, entry, x, names)}
+            rows.append(row)
+            print(row, flush=True)
+            if count == 32 and not suffix:
+                options = {name: bench_iree(vmfb, flags + extra, function=entry["symbol"])
+                           for name, extra in OPTIONS.items()}
+                static = os.path.join(art_dir, "stack-tenants-f16-sm90-rows32.vmfb")
+                if os.path.exists(static):
+                    write_archive(weights.model, {f"weight.{l}": f"weight.{l}" for l in range(STACK["layers"])},
+                                  static[:-5] + ".irpa")
+                    for name, extra in (("streams", []), ("CUDA graphs", ["--cuda_use_streams=false"])):
+                        options[f"static 32 rows, {name}"] = bench_iree(static, flags + extra,
+                                                                        function=entry["symbol"])
+                print(options, flush=True)
+        del mod
+        gc.collect()
     return rows, options
 
 

@@ -9,7 +9,10 @@ for each row's tenant t. The shapes: decode, 1/8/32/128 rows over
 min(rows, 32) tenants (row i uses tenant i mod n); prefill, 4 tenants x 64
 tokens, 8 x 32 and 1 x 256 (contiguous segments).
 
-- StageML: the residual's @forward_factorized (the sm90 pipeline), checked
+- StageML: the residual's @forward_factorized (the sm90 pipeline): for the
+  decode shapes the residual exported for at most 128 rows (each LoRA site one
+  kernel, stageml_gemm_lora: 9 dispatches a call), for prefill the one for
+  any rows (each site a BGMV shrink and the GEMM with its expand: 17). Checked
   through `run_batch` against float64, timed by iree-benchmark-module
   (median of 5 repetitions; a call's time includes its submission and wait)
   and on the GPU: its kernels' span, first start to last end, from CUPTI's
@@ -42,6 +45,7 @@ from workloads import TenantStack  # noqa: E402
 TENANTS = 32
 SHAPES = [("decode", 1, 1), ("decode", 8, 8), ("decode", 32, 32), ("decode", 128, 32),
           ("prefill", 4 * 64, 4), ("prefill", 8 * 32, 8), ("prefill", 256, 1)]
+RESIDUALS = {"decode": "-decode", "prefill": ""}  # each shape's residual: stack-tenants-{dtype}-sm90{suffix}
 
 
 def mapping(kind: str, rows: int, tenants: int) -> list:
@@ -127,13 +131,17 @@ def run(art_dir: str, scratch: str) -> list:
     rows_out = []
     for tag, dtype in DTYPES.items():
         weights = Weights(dtype, seed=int.from_bytes(os.urandom(4), "little"))
-        vmfb = os.path.join(art_dir, f"stack-tenants-{tag}-sm90.vmfb")
-        write_archive(weights.model, {f"weight.{l}": f"weight.{l}" for l in range(STACK["layers"])}, vmfb[:-5] + ".irpa")
-        mod = stageml.load(vmfb, policy="factorized")
-        for t in range(TENANTS):
-            mod.load_adapter(f"t{t}", {k: to_numpy(v) for k, v in weights.adapter(t).items()})
-        slots = {f"t{t}": s["slot"] for t, s in ((t, mod.stats()["adapters"][f"t{t}"]) for t in range(TENANTS))}
+        residuals = {}
+        for kind, suffix in RESIDUALS.items():
+            vmfb = os.path.join(art_dir, f"stack-tenants-{tag}-sm90{suffix}.vmfb")
+            write_archive(weights.model, {f"weight.{l}": f"weight.{l}" for l in range(STACK["layers"])},
+                          vmfb[:-5] + ".irpa")
+            mod = stageml.load(vmfb, policy="factorized")
+            for t in range(TENANTS):
+                mod.load_adapter(f"t{t}", {k: to_numpy(v) for k, v in weights.adapter(t).items()})
+            residuals[kind] = (vmfb, mod, {f"t{t}": mod.stats()["adapters"][f"t{t}"]["slot"] for t in range(TENANTS)})
         for kind, rows, tenants in SHAPES:
+            vmfb, mod, slots = residuals[kind]
             assigned = mapping(kind, rows, tenants)
             x = torch.randn(rows, STACK["d"], device="cuda", dtype=dtype)
             expected = weights.reference(x, assigned)
@@ -149,16 +157,17 @@ def run(art_dir: str, scratch: str) -> list:
             check(f"peer {tag} vLLM, {shape}", rel_err(out, expected), BOUNDS[tag])
             base_replay, _ = vllm_graph(ops, weights, x, assigned, lora=False)
             ids = np.array([slots[f"t{t}"] for t in assigned], np.int64)
-            row = {"dtype": tag, "shape": shape,
+            times = kernel_times(lambda: mod.run_batch(x, names))
+            row = {"dtype": tag, "shape": shape, "launches": times["kernels"],
                    "stageml": bench_iree(vmfb, input_flags([to_numpy(x), ids], scratch, "peer"),
                                          function="forward_factorized") / STACK["layers"],
-                   "stageml gpu": kernel_times(lambda: mod.run_batch(x, names))["span"] / STACK["layers"],
+                   "stageml gpu": times["span"] / STACK["layers"],
                    "vllm": bench_torch(replay) / STACK["layers"],
                    "base": bench_torch(base_replay) / STACK["layers"],
                    "floor": floor_us(rows, tenants, torch.finfo(dtype).bits // 8)}
             rows_out.append(row)
             print(row, flush=True)
-        del mod, weights
+        del residuals, mod, weights
         torch.cuda.empty_cache()
     return rows_out
 
@@ -169,13 +178,14 @@ def report(rows: list) -> str:
              "and wait included), / 8. StageML GPU: the call's kernels on the GPU, first start to last end (CUPTI, "
              "median of 20 `run_batch` calls), / 8: what vLLM's figure counts. vLLM: cuBLAS x@W + vLLM's Triton "
              "lora_shrink + lora_expand, 8 layers in one CUDA graph, CUDA events around each replay (median of "
-             "200), / 8. cuBLAS base: the same graph without LoRA. Every figure checked against float64 first "
-             "(see the checks above).", "",
-             "| dtype | shape | StageML call | StageML GPU | vLLM | cuBLAS base | HBM floor | GPU / vLLM | "
+             "200), / 8. cuBLAS base: the same graph without LoRA. Kernels: StageML's launches a call (decode: the "
+             "residual for at most 128 rows, one kernel a LoRA site; prefill: the one for any rows). Every figure "
+             "checked against float64 first (see the checks above).", "",
+             "| dtype | shape | kernels | StageML call | StageML GPU | vLLM | cuBLAS base | HBM floor | GPU / vLLM | "
              "call / vLLM | vLLM / base | GPU / floor |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['dtype']} | {r['shape']} | {r['stageml']:.1f} | {r['stageml gpu']:.1f} | {r['vllm']:.1f} | "
+        lines.append(f"| {r['dtype']} | {r['shape']} | {r['launches']} | {r['stageml']:.1f} | {r['stageml gpu']:.1f} | {r['vllm']:.1f} | "
                      f"{r['base']:.1f} | {r['floor']:.1f} | {r['stageml gpu'] / r['vllm']:.2f}x | "
                      f"{r['stageml'] / r['vllm']:.2f}x | {r['vllm'] / r['base']:.2f}x | "
                      f"{r['stageml gpu'] / r['floor']:.2f}x |")

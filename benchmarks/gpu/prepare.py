@@ -26,6 +26,9 @@ compiled here; h200.py checks and times them there. Written to OUT_DIR:
       workloads.TenantStack(8 layers, d=4096, r=16) for 32 tenants
       (max_adapters=32, max_rank=16), its archive rebuilt there like the
       stacks': the multi-tenant request path peer.py sets against vLLM.
+  stack-tenants-{f16,bf16}-sm90-decode.vmfb/.json
+      the same exported for at most 128 rows (a decode residual): each LoRA
+      site is one kernel (stageml_gemm_lora), 9 dispatches a call, not 17.
   stack-tenants-f16-sm90-rows32.vmfb/.json
       the f16 one for exactly 32 rows (no dynamic dimension): call_path.py
       times IREE's reuse of a call's command buffer on it.
@@ -163,12 +166,14 @@ VLLM_OPS = ("lora_shrink_op", "lora_expand_op", "kernel_utils", "utils", "lora_k
 
 def tenant_stack_artifacts(out: str) -> list:
     entries = []
-    for tag, dtype, rows in (("f16", torch.float16, None), ("bf16", torch.bfloat16, None), ("f16", torch.float16, 32)):
+    decode = torch.export.Dim("rows", min=1, max=128)
+    for tag, form, rows in (("f16", "", TOKENS), ("bf16", "", TOKENS), ("f16", "-rows32", 32),
+                            ("f16", "-decode", decode), ("bf16", "-decode", decode)):
         torch.manual_seed(0)
-        model = TenantStack(**STACK).to(dtype).eval()
-        name = f"stack-tenants-{tag}-sm90" + (f"-rows{rows}" if rows else "")
-        example = torch.randn(rows or 2, STACK["d"], dtype=dtype)
-        art = stageml.compile(model, (example,), dynamic_shapes=None if rows else {"x": {0: TOKENS}},
+        model = TenantStack(**STACK).to(DTYPES[tag]).eval()
+        name = f"stack-tenants-{tag}-sm90{form}"
+        example = torch.randn(rows if isinstance(rows, int) else 2, STACK["d"], dtype=DTYPES[tag])
+        art = stageml.compile(model, (example,), dynamic_shapes=None if isinstance(rows, int) else {"x": {0: rows}},
                               target="sm90", max_adapters=32, max_rank=STACK["r"], verbose=True)
         if art.report.folded_values:
             raise SystemExit(f"{name}: {art.report.folded_values} values were folded; "
