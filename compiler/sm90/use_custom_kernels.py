@@ -635,8 +635,9 @@ class _Rewriter:
     def _lora_site(self, match: _Match, func, out, result_type) -> ir.Value:
         """A LoRA site with its shrink, by the most rows its input can have (the export's
         ranges, residual_ir.dim_bound): up to LORA_MAX_ROWS one stageml_gemm_lora, else the
-        shrink's BGMV and then stageml_gemm_expand (as measured on an H200, the one kernel takes
-        1-2 µs less at 1-8 rows, as long at 32-128, and 10 µs more at 256: benchmarks/results),
+        shrink's BGMV and then stageml_gemm_expand (as measured on an H200 per 4096² site, the one
+        kernel takes 0.7-1.6 µs less at 1-32 rows, 1.6-2.3 µs more at 128 and 10 µs more at 256,
+        and a call one dispatch less a site: benchmarks/results/h200-2026-12-04-fused-lora.md),
           %y, %ws = flow.dispatch @stageml_gemm_lora_T(%x, %s, %ids, %a, %b, M, K, N, R, rows, bits(scale), site)
         or
           %t = flow.dispatch @stageml_bgmv_T(expand_shape %x : Mx1xK, %ids, %a)
