@@ -47,7 +47,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from h200 import (BOUNDS, bench_host, bench_iree, check, finish, input_flags, kernel_times,  # noqa: E402
                   peft_llama, rel_err, state_flags, to_numpy, write_archive)
-from peer import STACK, TENANTS, Weights, mapping  # noqa: E402
+from peer import STACK, Weights, mapping, stack_module  # noqa: E402
 
 import stageml  # noqa: E402
 from iree import runtime as iree_rt  # noqa: E402
@@ -109,13 +109,7 @@ def stack_rows(art_dir: str, scratch: str) -> tuple[list, dict]:
     weights = Weights(torch.float16, seed=int.from_bytes(os.urandom(4), "little"))
     rows, options = [], {}
     for label, suffix, shapes in STACKS:
-        vmfb = os.path.join(art_dir, f"stack-tenants-f16-sm90{suffix}.vmfb")
-        write_archive(weights.model, {f"weight.{l}": f"weight.{l}" for l in range(STACK["layers"])},
-                      vmfb[:-5] + ".irpa")
-        mod = stageml.load(vmfb, policy="factorized")
-        for t in range(TENANTS):
-            mod.load_adapter(f"t{t}", {k: to_numpy(v) for k, v in weights.adapter(t).items()})
-        slots = {f"t{t}": mod.stats()["adapters"][f"t{t}"]["slot"] for t in range(TENANTS)}
+        vmfb, mod, slots = stack_module(art_dir, f"f16-sm90{suffix}", weights)
         entry = mod.entry("dynamic", "factorized")
         for kind, count, tenants in shapes:
             assigned = mapping(kind, count, tenants)

@@ -126,20 +126,23 @@ def floor_us(rows: int, tenants: int, itemsize: int) -> float:
     return (d * d + tenants * 2 * d * r + 2 * rows * d) * itemsize / HBM_BYTES_PER_S * 1e6
 
 
+def stack_module(art_dir: str, name: str, weights: Weights) -> tuple:
+    """(the .vmfb, the loaded residual, each tenant's slot) of stack-tenants-NAME, its archive
+    written from `weights` and every tenant loaded (policy "factorized")."""
+    vmfb = os.path.join(art_dir, f"stack-tenants-{name}.vmfb")
+    write_archive(weights.model, {f"weight.{l}": f"weight.{l}" for l in range(STACK["layers"])}, vmfb[:-5] + ".irpa")
+    mod = stageml.load(vmfb, policy="factorized")
+    for t in range(TENANTS):
+        mod.load_adapter(f"t{t}", {k: to_numpy(v) for k, v in weights.adapter(t).items()})
+    return vmfb, mod, {f"t{t}": mod.stats()["adapters"][f"t{t}"]["slot"] for t in range(TENANTS)}
+
+
 def run(art_dir: str, scratch: str) -> list:
     ops = vllm_ops(art_dir)
     rows_out = []
     for tag, dtype in DTYPES.items():
         weights = Weights(dtype, seed=int.from_bytes(os.urandom(4), "little"))
-        residuals = {}
-        for kind, suffix in RESIDUALS.items():
-            vmfb = os.path.join(art_dir, f"stack-tenants-{tag}-sm90{suffix}.vmfb")
-            write_archive(weights.model, {f"weight.{l}": f"weight.{l}" for l in range(STACK["layers"])},
-                          vmfb[:-5] + ".irpa")
-            mod = stageml.load(vmfb, policy="factorized")
-            for t in range(TENANTS):
-                mod.load_adapter(f"t{t}", {k: to_numpy(v) for k, v in weights.adapter(t).items()})
-            residuals[kind] = (vmfb, mod, {f"t{t}": mod.stats()["adapters"][f"t{t}"]["slot"] for t in range(TENANTS)})
+        residuals = {kind: stack_module(art_dir, f"{tag}-sm90{suffix}", weights) for kind, suffix in RESIDUALS.items()}
         for kind, rows, tenants in SHAPES:
             vmfb, mod, slots = residuals[kind]
             assigned = mapping(kind, rows, tenants)
