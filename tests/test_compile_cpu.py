@@ -86,6 +86,35 @@ def test_view_merging_two_dynamic_dims(tmp_path):
         assert rel_err(mod(x), model(x)) <= 1e-5
 
 
+class Flattened(torch.nn.Module):
+    """A computed [B, S, N] value flattened to tokens: the export sizes the view by x's dims."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(48, 8)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x)).flatten(0, 1)
+
+
+def test_flatten_of_a_computed_value_merging_two_dynamic_dims(tmp_path):
+    """The view's sizes name the input's dims, not its own operand's: the residual returned
+    [B, 8] rows instead of [B*S, 8] (torch-mlir's lowering as if S were 1), a wrong answer at
+    every S but 1; collapse-views makes it a flatten by the view's element count."""
+    seed = int(torch.randint(0, 2 ** 31, ()))
+    print("seed", seed)
+    torch.manual_seed(seed)
+    model = Flattened().eval()
+    art = stageml.compile(model, (torch.randn(2, 5, 48),), dynamic_shapes=({0: Dim("b", max=16), 1: Dim("s", max=64)},))
+    assert art.report.rewrites.get("collapse-views", 0) == 1
+    mod = art.load(str(tmp_path / "flattened.vmfb"))
+    for shape in ((3, 9, 48), (1, 1, 48), (2, 17, 48)):
+        x = torch.randn(*shape)
+        y = mod(x)
+        assert y.shape == (shape[0] * shape[1], 8), shape
+        assert rel_err(y, model(x)) <= 1e-5, shape
+
+
 def test_merged_adapter_weight_is_stored_packed(tmp_path):
     model = LoraLinear(d_in=48, d_out=64).eval()
     x = torch.randn(5, 48)

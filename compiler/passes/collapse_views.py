@@ -9,8 +9,11 @@ flatten of the same dims lowers to `tensor.collapse_shape`, which is right
 optimizes less). So a view of an input with two or more dynamic dims that
 only merges runs of consecutive dims becomes flattens. Each size of the view
 must name the input dims it merges: a constant, `aten.size.int` of the
-input, products of those (`aten.mul.int`), or one -1 for the dims the others
-leave. Views that split a dim are left alone.
+input, products of those (`aten.mul.int`), or one size that does not (-1,
+or sizes of another tensor: the export's `flatten` of a computed value
+names the model input's dims), which takes the dims the others leave: a
+view keeps the element count, so that size is their product. Views that
+split a dim are left alone.
 
     %n = torch.aten.mul.int %size0, %size1       (size(x, 0) * size(x, 1))
     %s = torch.prim.ListConstruct %n, %int64
@@ -72,9 +75,7 @@ def collapse(op, rewriter) -> bool:
         return True
     sizes = list(sizes_op.operands)
     factors = [None if constant(s) == -1 else _factors(s, x, len(dims)) for s in sizes]
-    if sizes and any(f is None and constant(s) != -1 for f, s in zip(factors, sizes)):
-        return True
-    wild = [j for j, f in enumerate(factors) if f is None]
+    wild = [j for j, f in enumerate(factors) if f is None]  # -1, or a size not named by x's
     if len(wild) > 1:
         return True
     runs, start = [], 0

@@ -21,8 +21,12 @@
 // A view that splits a dim, and one of an input with a single dynamic dim, stay views.
 // CHECK:      %[[E:[0-9]+]] = torch.aten.view %arg0, %{{.+}} : !torch.vtensor<[?,?,64],f32>, !torch.list<int> -> !torch.vtensor<[?,?,4,16],f32>
 // CHECK:      %[[F:[0-9]+]] = torch.aten.view %arg2, %{{.+}} : !torch.vtensor<[?,8,64],f32>, !torch.list<int> -> !torch.vtensor<[?,512],f32>
-// CHECK:      return %[[A]], %[[B]], %[[C]], %[[D]], %[[E]], %[[F]] :
-func.func @forward(%arg0: !torch.vtensor<[?,?,64],f32> {bt.kind = "input", bt.name = "x"}, %arg1: !torch.vtensor<[?,?,4,16],f32> {bt.kind = "input", bt.name = "y"}, %arg2: !torch.vtensor<[?,8,64],f32> {bt.kind = "input", bt.name = "z"}) -> (!torch.vtensor<[?,64],f32> {bt.kind = "output", bt.name = "output.0"}, !torch.vtensor<[?,64],f32> {bt.kind = "output", bt.name = "output.1"}, !torch.vtensor<[?,64],f32> {bt.kind = "output", bt.name = "output.2"}, !torch.vtensor<[?,?],f32> {bt.kind = "output", bt.name = "output.3"}, !torch.vtensor<[?,?,4,16],f32> {bt.kind = "output", bt.name = "output.4"}, !torch.vtensor<[?,512],f32> {bt.kind = "output", bt.name = "output.5"}) attributes {bt.program = "main", bt.stage = "dynamic"} {
+// [?,?,64] (a value computed from %arg0) -> [size(%arg0, 0) * size(%arg0, 1), 64]: the sizes of
+// another tensor, which the view's element count fixes to the dims the 64 leaves
+// CHECK:      %[[R:[0-9]+]] = torch.aten.relu %arg0
+// CHECK:      %[[G:[0-9]+]] = torch.aten.flatten.using_ints %[[R]], %int0{{.*}}, %int1{{.*}} : !torch.vtensor<[?,?,64],f32>, !torch.int, !torch.int -> !torch.vtensor<[?,64],f32>
+// CHECK:      return %[[A]], %[[B]], %[[C]], %[[D]], %[[E]], %[[F]], %[[G]] :
+func.func @forward(%arg0: !torch.vtensor<[?,?,64],f32> {bt.kind = "input", bt.name = "x"}, %arg1: !torch.vtensor<[?,?,4,16],f32> {bt.kind = "input", bt.name = "y"}, %arg2: !torch.vtensor<[?,8,64],f32> {bt.kind = "input", bt.name = "z"}) -> (!torch.vtensor<[?,64],f32> {bt.kind = "output", bt.name = "output.0"}, !torch.vtensor<[?,64],f32> {bt.kind = "output", bt.name = "output.1"}, !torch.vtensor<[?,64],f32> {bt.kind = "output", bt.name = "output.2"}, !torch.vtensor<[?,?],f32> {bt.kind = "output", bt.name = "output.3"}, !torch.vtensor<[?,?,4,16],f32> {bt.kind = "output", bt.name = "output.4"}, !torch.vtensor<[?,512],f32> {bt.kind = "output", bt.name = "output.5"}, !torch.vtensor<[?,64],f32> {bt.kind = "output", bt.name = "output.6"}) attributes {bt.program = "main", bt.stage = "dynamic"} {
   %int-1 = torch.constant.int -1
   %int0 = torch.constant.int 0
   %int1 = torch.constant.int 1
@@ -50,5 +54,7 @@ func.func @forward(%arg0: !torch.vtensor<[?,?,64],f32> {bt.kind = "input", bt.na
   %17 = torch.aten.size.int %arg2, %int0 : !torch.vtensor<[?,8,64],f32>, !torch.int -> !torch.int
   %18 = torch.prim.ListConstruct %17, %int512 : (!torch.int, !torch.int) -> !torch.list<int>
   %19 = torch.aten.view %arg2, %18 : !torch.vtensor<[?,8,64],f32>, !torch.list<int> -> !torch.vtensor<[?,512],f32>
-  return %4, %6, %11, %14, %16, %19 : !torch.vtensor<[?,64],f32>, !torch.vtensor<[?,64],f32>, !torch.vtensor<[?,64],f32>, !torch.vtensor<[?,?],f32>, !torch.vtensor<[?,?,4,16],f32>, !torch.vtensor<[?,512],f32>
+  %20 = torch.aten.relu %arg0 : !torch.vtensor<[?,?,64],f32> -> !torch.vtensor<[?,?,64],f32>
+  %21 = torch.aten.view %20, %3 : !torch.vtensor<[?,?,64],f32>, !torch.list<int> -> !torch.vtensor<[?,64],f32>
+  return %4, %6, %11, %14, %16, %19, %21 : !torch.vtensor<[?,64],f32>, !torch.vtensor<[?,64],f32>, !torch.vtensor<[?,64],f32>, !torch.vtensor<[?,?],f32>, !torch.vtensor<[?,?,4,16],f32>, !torch.vtensor<[?,512],f32>, !torch.vtensor<[?,64],f32>
 }
