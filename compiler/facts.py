@@ -11,7 +11,8 @@ dictionaries), which torch-mlir's context and IREE's parse alike:
         %t {bt.name = "factorized.adapter.0", bt.kind = "resident"},  // a slot table
         %x {bt.name = "x", bt.kind = "input",               // a request input, with its
             bt.dims = [{min = 1, max = 32}, {min = 64, max = 64}]})  // dimensions' ranges
-      -> (tensor {bt.name = "output.0", bt.kind = "output"})
+      -> (tensor {bt.name = "output.0", bt.kind = "output",  // a result, with its dimensions
+                  bt.sizes = [{terms = [{coefficient = 1, dims = [{input = "x", axis = 0}]}], divisor = 1}, 128]})
       attributes {bt.stage = "dynamic", bt.program = "main"}
 
 Stages are binding times ("static", "adapter", "dynamic"). A program is one
@@ -39,6 +40,10 @@ TENANTS = "bt.tenants"
 RESIDENT = "bt.resident"
 DIMS = "bt.dims"    # an input's dimension ranges from the export: [{"min": lo, "max": hi (absent: unbounded)}]
 RANGE = "bt.range"  # the values an integer index argument may take: {"min": lo, "max": hi}
+# an output's dimensions from the export, each an int or a polynomial in the inputs' dimensions:
+# {"terms": [{"coefficient": c, "dims": [{"input": name, "axis": a}, ...]}, ...], "divisor": d}
+# (the sum of the terms, floor-divided by d); absent where any dimension is no such polynomial
+SIZES = "bt.sizes"
 
 MAIN, FACTORIZED = "main", "factorized"
 IDS = "adapter_ids"  # the factorized program's request input: each row's adapter slot

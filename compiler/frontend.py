@@ -118,6 +118,50 @@ def _input_dims(program: torch.export.ExportedProgram) -> dict:
     return dims
 
 
+def _size(size, symbols: dict):
+    """One output dimension as a bt.sizes entry (compiler/facts.py): an int, or the polynomial in
+    the inputs' dimensions (`symbols`: sympy symbol → (input, axis)) that torch.export states it is,
+    possibly floor-divided by an integer; None for any other expression."""
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv
+
+    if not isinstance(size, torch.SymInt):
+        return int(size)
+    expr, divisor = sympy.expand(size.node.expr), 1
+    if isinstance(expr, FloorDiv) and expr.args[1].is_Integer and int(expr.args[1]) > 0:
+        expr, divisor = sympy.expand(expr.args[0]), int(expr.args[1])
+    terms = []
+    for monomial, coefficient in expr.as_coefficients_dict().items():
+        factors = [] if monomial == 1 else list(monomial.args) if monomial.is_Mul else [monomial]
+        dims = []
+        for factor in factors:
+            base, power = factor.as_base_exp()
+            if base not in symbols or not power.is_Integer or power < 1 or not coefficient.is_Integer:
+                return None
+            dims += [{"input": symbols[base][0], "axis": symbols[base][1]}] * int(power)
+        terms.append({"coefficient": int(coefficient), "dims": dims})
+    return {"terms": terms, "divisor": divisor}
+
+
+def _output_sizes(program: torch.export.ExportedProgram) -> list:
+    """Each user output's bt.sizes (None where a dimension is no polynomial of the inputs')."""
+    inputs = {s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT}
+    symbols = {}
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name in inputs:
+            for axis, size in enumerate(node.meta["val"].shape):
+                if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                    symbols.setdefault(size.node.expr, (node.name, axis))
+    (output,) = [n for n in program.graph.nodes if n.op == "output"]
+    found = []
+    for spec, value in zip(program.graph_signature.output_specs, output.args[0]):
+        if spec.kind != OutputKind.BUFFER_MUTATION:
+            sizes = [_size(s, symbols) for s in value.meta["val"].shape] \
+                if isinstance(value, torch.fx.Node) and isinstance(value.meta.get("val"), torch.Tensor) else [None]
+            found.append(None if None in sizes else sizes)
+    return found
+
+
 def import_program(program: torch.export.ExportedProgram, context: ir.Context) -> ImportedProgram:
     """Imports `program` into `context` as torch backend IR (`func.func @main`)."""
     table = get_decomposition_table()
@@ -155,13 +199,14 @@ def import_program(program: torch.export.ExportedProgram, context: ir.Context) -
         set_arg_attr(func, index, NAME, ir.StringAttr.get(name, context))
     for name, dims in _input_dims(program).items():
         set_arg_attr(func, arg_names.index(name), facts.DIMS, facts.attribute(ir, dims, context))
-    mutated, results = set(), []
+    mutated, results, sizes = set(), [], iter(_output_sizes(program))
     for index, spec in enumerate(program.graph_signature.output_specs):
         if spec.kind == OutputKind.BUFFER_MUTATION:
             mutated.add(spec.target)
             results.append({NAME: spec.target})
         else:
-            results.append({NAME: f"output.{index - len(mutated)}"})
+            known = next(sizes)
+            results.append({NAME: f"output.{index - len(mutated)}", **({facts.SIZES: known} if known else {})})
     facts.put(func.operation, facts.PROGRAM, facts.MAIN)
     facts.set_all(func.operation, "res", [{k: facts.attribute(ir, v, context) for k, v in r.items()} for r in results])
     return ImportedProgram(module, arg_names, input_names, weights, mutated)

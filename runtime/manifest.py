@@ -53,6 +53,33 @@ class ValueRange(_Strict):
     max: Index
 
 
+class InputDim(_Strict):
+    input: Name
+    axis: Count
+
+
+class Term(_Strict):
+    coefficient: Index
+    dims: list[InputDim]
+
+
+class Polynomial(_Strict):
+    """A result dimension: the sum of the terms (each a coefficient times input dimensions),
+    floor-divided by the divisor (compiler/facts.py's bt.sizes)."""
+    terms: list[Term]
+    divisor: Positive
+
+    def of(self, shapes: dict):
+        """Its value for the inputs' `shapes` ({input name: shape}; ints or torch SymInts)."""
+        total = 0
+        for term in self.terms:
+            product = term.coefficient
+            for dim in term.dims:
+                product = product * shapes[dim.input][dim.axis]
+            total = total + product
+        return total // self.divisor
+
+
 class Value(_Strict):
     """An argument or result of an entry point (compiler/facts.py's facts, shape and dtype)."""
     name: Name
@@ -63,6 +90,7 @@ class Value(_Strict):
     dims: list[DimRange] | None = None
     range: ValueRange | None = None
     sites: list[Name] | None = None  # a routing result's expert sites (their lora_A names)
+    sizes: list[Count | Polynomial] | None = None  # an output's dimensions from its inputs' (bt.sizes)
 
 
 class EntryPoint(_Strict):

@@ -220,6 +220,7 @@ class ResidualModule:
         self._default_prefix = checked.default_adapter_prefix
         self._entry_points = {(e["stage"], e["program"]): e for e in described}
         self._inputs = [a for a in self.entry("dynamic")["arguments"] if a["kind"] == "input"]
+        self._outputs = [r for r in self.entry("dynamic")["results"] if r["kind"] == "output"]
         self._state = []
         adapter = self.entry("adapter")
         if adapter is not None and self.tenants is None:
@@ -288,6 +289,23 @@ class ResidualModule:
     def inputs(self) -> list:
         """The request inputs, in call order: [{"name", "shape", "dtype", ...}]."""
         return self._inputs
+
+    @property
+    def outputs(self) -> list:
+        """The request results a call returns, in order: [{"name", "shape", "dtype", "sizes"?}]."""
+        return self._outputs
+
+    def output_shapes(self, shapes: list) -> list:
+        """Each output's shape for inputs of `shapes` (in input order; ints or torch SymInts), from
+        the export's statement of its dimensions (`sizes`); None for an output without one."""
+        named = {spec["name"]: shape for spec, shape in zip(self.inputs, shapes)}
+        found = []
+        for output in self.outputs:
+            sizes = output.get("sizes")
+            found.append(None if sizes is None else tuple(
+                size if isinstance(size, int) else manifests.Polynomial.model_validate(size).of(named)
+                for size in sizes))
+        return found
 
     def _check_inputs(self, inputs) -> Request:
         specs = self.inputs
