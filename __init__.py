@@ -9,6 +9,8 @@
     mod = art.load("out/tenants.vmfb")        # multi-tenant
     mod.load_adapter("tenant-a", "adapters/a")
     ys = mod.run_batch(xs, adapters=["tenant-a", None])
+
+    layer = stageml.torch.StagedModule("out/residual.vmfb")   # an nn.Module (a torch custom op)
 """
 
 from stageml.binding_time import BindingTime
@@ -53,6 +55,14 @@ def compile(model, args=None, *, dynamic_shapes=None, **options):
     """
     from stageml.compiler.driver import compile as _compile
     return _compile(model, args, dynamic_shapes=dynamic_shapes, options=CompileOptions(**options))
+
+
+def __getattr__(name: str):
+    """`stageml.torch` (interop/torch.py), imported on first use."""
+    if name == "torch":
+        from stageml.interop import torch as module
+        return module
+    raise AttributeError(f"module 'stageml' has no attribute {name!r}")
 
 
 __all__ = ["BindingTime", "CompileOptions", "StageMLError", "ResidualModule", "compile", "load"]
