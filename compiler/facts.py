@@ -44,6 +44,9 @@ RANGE = "bt.range"  # the values an integer index argument may take: {"min": lo,
 # {"terms": [{"coefficient": c, "dims": [{"input": name, "axis": a}, ...]}, ...], "divisor": d}
 # (the sum of the terms, floor-divided by d); absent where any dimension is no such polynomial
 SIZES = "bt.sizes"
+# a buffer the model mutates starts as zeros ("zeros") or as its value in the parameter archive
+# ("parameter"): request-time state the module keeps on the device (resident-state)
+INITIAL = "bt.initial"
 
 MAIN, FACTORIZED = "main", "factorized"
 IDS = "adapter_ids"  # the factorized program's request input: each row's adapter slot
@@ -52,6 +55,7 @@ IDS = "adapter_ids"  # the factorized program's request input: each row's adapte
 # adapter-time, an input or slot has the function's own stage.
 PARAMETER, STATE, RESIDENT_KIND, INPUT, SLOT, OUTPUT = "parameter", "state", "resident", "input", "slot", "output"
 ROUTING = "routing"  # a result: the rows one MoE layer routed to each (slot, expert) (routing-counts)
+BUFFER = "buffer"    # an argument and a result of a request-time function: a buffer the model mutates
 
 
 def _ir(obj):

@@ -1,4 +1,5 @@
-"""resident-state: the module's declared resident state becomes device globals.
+"""resident-state: the module's declared resident state, and the buffers the model
+mutates, become device globals.
 
 Each entry of the module's `bt.resident` (written by bt-split: name, owning
 stage, program, shape with its slot dimension leading, dtype) owns a
@@ -18,6 +19,14 @@ reads its resident arguments as views of the table:
     func @forward_factorized(%x, %ids) {
       %s = expand_shape (extract_slice (util.global.load @resident.f32)[OFFSET] [SLOTS*K*N]) ... }
 
+A buffer the model mutates (arguments and results of kind "buffer" of the
+request-time functions, bt-split's) takes a range of the same tables: each
+request-time function reads it as a view and stores its new value there
+instead of returning it, so the module keeps it from call to call (every
+program sharing it), as the model keeps its buffers; one that does not start
+as zeros (bt.initial = "parameter") is written there once, by an
+util.initializer, from a parameter global of its name (resident-state-buffers.mlir).
+
 (One global per element type, not one per value: IREE 3.13 lets mutable
 globals with equal splat initial values share storage, so equal-shaped
 tables of separate globals would overwrite each other. Contiguous ranges,
@@ -31,10 +40,12 @@ from iree.compiler.dialects import arith, cf, func as func_d, tensor, util
 
 from stageml.compiler import facts
 from stageml.compiler.passes import register
+from stageml.compiler.passes.use_parameters import parameter_global
 from stageml.compiler.residual_ir import retype
 from stageml.errors import CompileError
 
 _ELEMENTS = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+_DTYPES = {element: dtype for dtype, element in _ELEMENTS.items()}
 
 
 def _reassociation(groups) -> ir.ArrayAttr:
@@ -125,16 +136,120 @@ def _write(func, ranges, flat, slots: int) -> None:
     facts.set_all(func, "res", kept_facts)
 
 
+def _buffers(module_op) -> dict:
+    """{name: (type, initial)} of the buffers the model mutates (each request-time function's
+    arguments of kind "buffer"; every program's functions name the same ones)."""
+    found = {}
+    for func in facts.stage_functions(module_op, "dynamic"):
+        for index, type_ in enumerate(ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).inputs):
+            entry = facts.facts(func, "arg", index)
+            if entry.get("kind") != facts.BUFFER:
+                continue
+            if not ir.RankedTensorType(type_).has_static_shape or str(ir.RankedTensorType(type_).element_type) \
+                    not in _ELEMENTS.values():
+                raise CompileError(f"buffer {entry['name']!r} ({type_}) is mutated by the model, but StageML keeps "
+                                   "only float buffers of static shape on the device: give it a fixed shape")
+            found[entry["name"]] = (ir.RankedTensorType(type_), entry["initial"])
+    return found
+
+
+def _view(loaded, offset: int, type_) -> ir.Value:
+    """Elements [offset, offset + size) of a flat table, as `type_`."""
+    size = math.prod(type_.shape)
+    view = tensor.ExtractSliceOp(ir.RankedTensorType.get([size], type_.element_type), loaded,
+                                 [], [], [], [offset], [size], [1]).result
+    if type_.rank == 1:
+        return view
+    return tensor.ExpandShapeOp(type_, view, _reassociation([list(range(len(type_.shape)))]), [], type_.shape).result
+
+
+def _stored(table, offset: int, value) -> ir.Value:
+    """`table` with `value` (whole, flattened) at elements [offset, ...)."""
+    type_ = ir.RankedTensorType(value.type)
+    size = math.prod(type_.shape)
+    flat = value if type_.rank == 1 else tensor.CollapseShapeOp(
+        ir.RankedTensorType.get([size], type_.element_type), value, _reassociation([list(range(type_.rank))])).result
+    return tensor.InsertSliceOp(flat, table, [], [], [], [offset], [size], [1]).result
+
+
+def _keep_buffers(func, ranges, flat) -> None:
+    """A request-time function's buffers: each argument a view of its range of the table, each
+    result (the buffer's new value) stored there in place of being returned."""
+    block = func.regions[0].blocks[0]
+    with ir.InsertionPoint.at_block_begin(block), func.location:
+        loaded = {}
+        for index in reversed(range(len(block.arguments))):
+            entry = facts.facts(func, "arg", index)
+            if entry.get("kind") != facts.BUFFER:
+                continue
+            symbol, offset, type_ = ranges[entry["name"]]
+            if symbol not in loaded:
+                loaded[symbol] = util.GlobalLoadOp(flat[symbol], symbol).result
+            block.arguments[index].replace_all_uses_with(_view(loaded[symbol], offset, type_))
+            facts.erase_argument(func, index)
+    ret = list(block.operations)[-1]
+    kept, kept_facts, updated = [], [], {}
+    with ir.InsertionPoint(ret), ret.location:
+        for i, value in enumerate(ret.operands):
+            entry = facts.facts(func, "res", i)
+            if entry.get("kind") != facts.BUFFER:
+                kept.append(value)
+                kept_facts.append(facts.attrs(func, "res", i))
+                continue
+            symbol, offset, _ = ranges[entry["name"]]
+            if symbol not in updated:
+                updated[symbol] = util.GlobalLoadOp(flat[symbol], symbol).result
+            updated[symbol] = _stored(updated[symbol], offset, value)
+        for symbol, value in updated.items():
+            util.GlobalStoreOp(value, symbol)
+        func_d.ReturnOp(kept)
+    ret.erase()
+    retype(func)
+    facts.set_all(func, "res", kept_facts)
+
+
+def _initialize(module_op, buffers: dict, ranges, flat) -> None:
+    """Writes each buffer that does not start as zeros from its parameter, once, at load:
+        util.initializer { table[offset ...] = util.global.load @name (#flow.parameter.named) }"""
+    starting = {name: type_ for name, (type_, initial) in buffers.items() if initial == "parameter"}
+    if not starting:
+        return
+    parameters = {}
+    for name, type_ in starting.items():
+        parameter_global(module_op, name, type_, parameters)
+    block = module_op.regions[0].blocks[0]
+    with ir.InsertionPoint(block):
+        init = util.InitializerOp(ir.TypeAttr.get(ir.FunctionType.get([], [])))
+        with ir.InsertionPoint(init.body.blocks.append()):
+            tables = {}
+            for name, type_ in starting.items():
+                symbol, offset, _ = ranges[name]
+                tables.setdefault(symbol, util.GlobalLoadOp(flat[symbol], symbol).result)
+                tables[symbol] = _stored(tables[symbol], offset, util.GlobalLoadOp(type_, name).result)
+            for symbol, value in tables.items():
+                util.GlobalStoreOp(value, symbol)
+            util.ReturnOp([])
+
+
 def lower_resident_state(module_op) -> int:
-    """Lowers every declared piece of resident state; returns how many."""
+    """Lowers every declared piece of resident state and every buffer the model mutates;
+    returns how many."""
     declared = facts.get(module_op, facts.RESIDENT, [])
-    if not declared:
+    buffers = _buffers(module_op)
+    if not declared and not buffers:
         return 0
-    ranges, flat = _layout(declared)
+    ranges, flat = _layout(declared + [{"name": name, "slot_dim": 0, "dtype": _DTYPES[str(type_.element_type)],
+                                        "shape": [1, *type_.shape]} for name, (type_, _) in buffers.items()])
+    for name, (type_, _) in buffers.items():  # a buffer is its whole range, not a slot of one
+        symbol, offset, _ = ranges[name]
+        ranges[name] = (symbol, offset, type_)
     with ir.InsertionPoint.at_block_begin(module_op.regions[0].blocks[0]):
         for symbol, type_ in flat.items():
             zero = ir.DenseElementsAttr.get_splat(type_, ir.FloatAttr.get(type_.element_type, 0.0))
             util.GlobalOp(symbol, type_, sym_visibility="private", is_mutable=True, initial_value=zero)
+    _initialize(module_op, buffers, ranges, flat)
+    for func in facts.stage_functions(module_op, "dynamic"):
+        _keep_buffers(func, ranges, flat)
     for program, owner in sorted({(e["program"], e["owner"]) for e in declared}):
         writer = facts.stage_function(module_op, owner, program)
         if writer is None:
@@ -142,7 +257,7 @@ def lower_resident_state(module_op) -> int:
         _write(writer, ranges, flat, slots={e["shape"][0] for e in declared if e["program"] == program}.pop())
         for reader in facts.stage_functions(module_op, "dynamic", program):
             _read(reader, ranges, flat)
-    return len(declared)
+    return len(declared) + len(buffers)
 
 
 @register("resident-state", "declared resident state (slot tables) becomes device globals, written "
