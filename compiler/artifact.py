@@ -46,6 +46,7 @@ class Artifact:
         self.parameters = {}
         self.default_adapter = {}
         self.tenants = None
+        self.generation = None  # a generation step's {"sequences", "max_seq", "eos", and its inputs' names}
         self.target = {"name": "cpu", "device": "local-task"}
         self.source = None
 
@@ -74,6 +75,8 @@ class Artifact:
                     "entry_points": self.entry_points, "report": self.report.as_dict(), "versions": _versions()}
         if self.tenants is not None:
             manifest["tenants"] = self.tenants
+        if self.generation is not None:
+            manifest["generation"] = self.generation
         return manifest
 
     def save(self, path: str) -> str:
@@ -119,7 +122,10 @@ class Artifact:
             value = np.ascontiguousarray(value)
             if value.dtype == numpy_dtype("bfloat16"):  # IREE's archive writer has no bfloat16: same bits
                 value = value.view(np.uint16)
-            iree_rt.parameter_index_add_numpy_ndarray(index, key, value)
+            if value.size and not value.view(np.uint8).any():  # zeros (a KV cache's start): a splat, no bytes
+                index.add_splat(key, bytes(value.itemsize), value.nbytes)
+            else:
+                iree_rt.parameter_index_add_numpy_ndarray(index, key, value)
         index.create_archive_file(path)
 
     def load(self, path: str, device: str | None = None, **serving):

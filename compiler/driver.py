@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from stageml.binding_time import BindingTime
-from stageml.compiler import entry_points, facts, frontend, lowering, stage_spec
+from stageml.compiler import entry_points, facts, frontend, generation, lowering, stage_spec
 from stageml.compiler.artifact import Artifact
 from stageml.compiler.ir import TIME, is_rematerializable, new_context, parse_time
 from stageml.compiler.options import EMITS, CompileOptions
@@ -40,7 +40,7 @@ from stageml.compiler.passes.bt_improve import BtImproveOptions
 from stageml.compiler.passes.lora_sites import LoraSitesOptions
 from stageml.compiler.report import Report
 from stageml.compiler.targets import get_target
-from stageml.errors import ModelLoadError
+from stageml.errors import CompileError, ModelLoadError
 from stageml.files import write_files
 from stageml.runtime.module import as_numpy
 
@@ -248,9 +248,19 @@ def compile(model, args=None, *, dynamic_shapes=None, options: CompileOptions) -
         first, c = _resume(os.fspath(model), options)
     else:
         first, c = "torch", Compilation(options)
+        if options.generate:
+            if args is not None or dynamic_shapes is not None:
+                raise CompileError("with generate=True StageML builds the step's inputs itself: pass the model alone "
+                                   "(no example inputs or dynamic_shapes)")
+            eos = generation.end_tokens(model)
+            model, args, dynamic_shapes = generation.step_program(model, options.sequences, options.max_seq)
         program = frontend.export(model, args, dynamic_shapes, trust_model=options.trust_model)
         c.context = new_context()
         imported = frontend.import_program(program, c.context)
+        if options.generate:
+            facts.put(imported.module.operation, facts.GENERATION,
+                      {"sequences": options.sequences, "max_seq": options.max_seq, "eos": eos,
+                       **dict(zip(("tokens", "slots", "positions"), generation.INPUTS))})
         c.module, c.weights, c.mutated = imported.module, imported.weights, imported.mutated
         # (resolved now, so that a bad glob fails before any stage runs)
         c.stages = stage_spec.resolve(imported.arg_names, set(c.weights), options.stages, c.mutated)
@@ -284,6 +294,7 @@ def _finish(art: Artifact, c: Compilation) -> None:
     values = {**{k: v for k, v in c.weights.items()}, **c.folded}
     art.parameters = {name: as_numpy(values[name]) for name in entry_points.parameters(module)}
     art.tenants = entry_points.tenants(module)
+    art.generation = facts.get(module, facts.GENERATION)
     if art.tenants is None:
         adapter = next((e for e in art.entry_points if e["stage"] == "adapter" and e["program"] == facts.MAIN), None)
         if adapter is not None:

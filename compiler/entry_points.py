@@ -59,6 +59,7 @@ def tenants(module_op) -> dict | None:
 
 
 def parameters(module_op) -> list:
-    """The names of the parameters the residual reads (its parameter globals)."""
+    """The names of the parameters the residual reads: its parameter globals, and the starts of
+    the buffers it keeps (resident-state)."""
     return [facts.get(op.operation, facts.NAME) for op in module_op.regions[0].blocks[0].operations
-            if facts.get(op.operation, facts.KIND) == facts.PARAMETER]
+            if facts.get(op.operation, facts.KIND) in (facts.PARAMETER, facts.BUFFER)]

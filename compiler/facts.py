@@ -44,9 +44,12 @@ RANGE = "bt.range"  # the values an integer index argument may take: {"min": lo,
 # {"terms": [{"coefficient": c, "dims": [{"input": name, "axis": a}, ...]}, ...], "divisor": d}
 # (the sum of the terms, floor-divided by d); absent where any dimension is no such polynomial
 SIZES = "bt.sizes"
-# a buffer the model mutates starts as zeros ("zeros") or as its value in the parameter archive
-# ("parameter"): request-time state the module keeps on the device (resident-state)
-INITIAL = "bt.initial"
+# an argument of @main that is a buffer the model mutates: request-time state the module keeps on the
+# device (resident-state), starting from its value in the parameter archive
+MUTATED = "bt.mutated"
+# a generation step's module (compiler/generation.py): {"sequences": S, "max_seq": M, "eos": [token ids
+# that end a sequence]} and the names of its inputs "tokens", "slots" and "positions"
+GENERATION = "bt.generation"
 
 MAIN, FACTORIZED = "main", "factorized"
 IDS = "adapter_ids"  # the factorized program's request input: each row's adapter slot

@@ -204,8 +204,7 @@ def import_program(program: torch.export.ExportedProgram, context: ir.Context) -
         if spec.kind == OutputKind.BUFFER_MUTATION:
             mutated.add(spec.target)
             results.append({NAME: spec.target, facts.KIND: facts.BUFFER})
-            initial = "zeros" if not weights[spec.target].any() else "parameter"
-            set_arg_attr(func, arg_names.index(spec.target), facts.INITIAL, ir.StringAttr.get(initial, context))
+            set_arg_attr(func, arg_names.index(spec.target), facts.MUTATED, ir.BoolAttr.get(True, context))
         else:
             known = next(sizes)
             results.append({NAME: f"output.{index - len(mutated)}", **({facts.SIZES: known} if known else {})})

@@ -34,6 +34,9 @@ class CompileOptions:
     custom_kernels: bool | str = True
     trust_model: bool = False
     verbose: bool = False
+    generate: bool = False
+    max_seq: int = 2048
+    sequences: int = 8
 
     def __post_init__(self):
         stages = self.stages.items() if isinstance(self.stages, dict) else (self.stages or ())
@@ -54,6 +57,8 @@ class CompileOptions:
                                    "drop --no-lora-merge (merge_lora=False) and load with policy='factorized' instead")
             object.__setattr__(self, "max_adapters", int(self.max_adapters))
         object.__setattr__(self, "max_rank", int(self.max_rank))
+        if self.generate and (isinstance(self.max_seq, bool) or int(self.max_seq) < 1 or int(self.sequences) < 1):
+            raise CompileError(f"max_seq ({self.max_seq}) and sequences ({self.sequences}) must be at least 1")
 
     @property
     def multi_tenant(self) -> bool:

@@ -21,7 +21,7 @@ from stageml.errors import ArtifactError
 
 FORMAT = "stageml-residual/4"
 # The keys of an entry function's iree.reflection (compiler/passes/entry_reflection.py).
-REFLECTED_ENTRY, REFLECTED_TENANTS = "stageml.entry", "stageml.tenants"
+REFLECTED_ENTRY, REFLECTED_TENANTS, REFLECTED_GENERATION = "stageml.entry", "stageml.tenants", "stageml.generation"
 
 Count = Annotated[int, Field(ge=0, le=1 << 62)]
 Positive = Annotated[int, Field(ge=1, le=1 << 62)]
@@ -101,6 +101,17 @@ class EntryPoint(_Strict):
     results: list[Value]
 
 
+class Generation(_Strict):
+    """A generation step's module (compiler/generation.py): its KV cache's sequence slots and
+    positions, and the names of its inputs."""
+    sequences: Positive
+    max_seq: Positive
+    eos: list[Count]  # the model's end-of-sequence token ids
+    tokens: Name
+    slots: Name
+    positions: Name
+
+
 class Site(_Strict):
     lora_A: Name
     lora_B: Name
@@ -145,6 +156,7 @@ class Manifest(_Strict):
     default_adapter_prefix: str
     entry_points: list[EntryPoint]
     tenants: Tenants | None = None
+    generation: Generation | None = None
     report: dict
     versions: dict[str, str]
 

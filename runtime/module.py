@@ -132,10 +132,11 @@ def _path(path) -> str:
     return os.fspath(path)
 
 
-def _described(module, vmfb_path: str) -> tuple[list, dict | None]:
-    """(the entry points the module describes itself, its multi-tenant configuration or None),
-    from its functions' reflection (compiler/passes/entry_reflection.py)."""
-    described, tenants = [], None
+def _described(module, vmfb_path: str) -> tuple[list, dict | None, dict | None]:
+    """(the entry points the module describes itself, its multi-tenant configuration or None, its
+    generation step's configuration or None), from its functions' reflection
+    (compiler/passes/entry_reflection.py)."""
+    described, tenants, generation = [], None, None
     try:
         for name in module.function_names:
             reflection = module.lookup_function(name).reflection
@@ -143,6 +144,9 @@ def _described(module, vmfb_path: str) -> tuple[list, dict | None]:
                 described.append(manifests.EntryPoint.model_validate(json.loads(reflection[manifests.REFLECTED_ENTRY])))
             if manifests.REFLECTED_TENANTS in reflection:
                 tenants = manifests.Tenants.model_validate(json.loads(reflection[manifests.REFLECTED_TENANTS]))
+            if manifests.REFLECTED_GENERATION in reflection:
+                generation = manifests.Generation.model_validate(
+                    json.loads(reflection[manifests.REFLECTED_GENERATION]))
     except (ValueError, pydantic.ValidationError):
         raise ArtifactError(f"module {vmfb_path!r} describes its entry points in a form this StageML does not "
                             "read: recompile the model with this StageML") from None
@@ -151,15 +155,21 @@ def _described(module, vmfb_path: str) -> tuple[list, dict | None]:
         raise ArtifactError(f"module {vmfb_path!r} is not a StageML residual (it describes no request-time "
                             "entry point): compile the model with stagemlc")
     return ([e.model_dump(exclude_none=True) for e in described],
-            None if tenants is None else tenants.model_dump(exclude_none=True))
+            None if tenants is None else tenants.model_dump(exclude_none=True),
+            None if generation is None else generation.model_dump())
 
 
-def _check_agrees(checked, described: list, tenants: dict | None, manifest_path: str) -> None:
-    """Refuses a manifest whose entry points or tenants differ from what the module says of itself."""
+def _check_agrees(checked, described: list, tenants: dict | None, generation: dict | None,
+                  manifest_path: str) -> None:
+    """Refuses a manifest whose entry points, tenants or generation step differ from what the
+    module says of itself."""
     listed = sorted((e.model_dump(exclude_none=True) for e in checked.entry_points), key=lambda e: e["symbol"])
     listed_tenants = None if checked.tenants is None else checked.tenants.model_dump(exclude_none=True)
-    if listed != sorted(described, key=lambda e: e["symbol"]) or listed_tenants != tenants:
-        what = "multi-tenant configuration" if listed_tenants != tenants else "entry points"
+    listed_generation = None if checked.generation is None else checked.generation.model_dump()
+    if listed != sorted(described, key=lambda e: e["symbol"]) or listed_tenants != tenants \
+            or listed_generation != generation:
+        what = ("multi-tenant configuration" if listed_tenants != tenants else
+                "generation step" if listed_generation != generation else "entry points")
         raise ArtifactError(f"manifest {manifest_path!r} disagrees with its module about the {what}: "
                             "use the manifest stagemlc wrote with this module")
 
@@ -202,8 +212,8 @@ class ResidualModule:
             main = iree_rt.VmModule.copy_buffer(instance, module_bytes)
         except Exception:
             raise ArtifactError(f"module {vmfb_path!r} is corrupt: recompile the model") from None
-        described, self.tenants = _described(main, vmfb_path)
-        _check_agrees(checked, described, self.tenants, manifest_path)
+        described, self.tenants, self.generation = _described(main, vmfb_path)
+        _check_agrees(checked, described, self.tenants, self.generation, manifest_path)
         provider = self._index.create_provider(scope=checked.parameter_scope)
         params = iree_rt.create_io_parameters_module(instance, provider)
         try:
@@ -360,12 +370,18 @@ def load(path: str, device: str | None = None, **serving) -> ResidualModule:
         adapter_memory_budget (bytes, None: unlimited), policy ("auto",
         "merged" or "factorized"), replan_every (calls between re-plans).
     """
-    if manifests.read(_path(path))[0].tenants is not None:
+    checked = manifests.read(_path(path))[0]
+    if checked.tenants is not None:
         from stageml.runtime.tenants import SERVING, TenantModule
         unknown = sorted(set(serving) - set(SERVING))
         if unknown:
             raise ArtifactError(f"unknown serving option {unknown[0]!r}: choose from {', '.join(SERVING)}")
-        return TenantModule(path, device, **serving)
-    if serving:
+        module = TenantModule(path, device, **serving)
+    elif serving:
         raise ArtifactError(f"{', '.join(serving)} apply to multi-tenant residuals only: compile with max_adapters")
-    return ResidualModule(path, device)
+    else:
+        module = ResidualModule(path, device)
+    if module.generation is not None:
+        from stageml.runtime.generation import Generator
+        return Generator(module)
+    return module

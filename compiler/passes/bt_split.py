@@ -142,9 +142,9 @@ def _emit(stage, main, results, stages, symbol, result_facts) -> None:
         if entry_facts["kind"] == facts.STATE:
             entry_facts["result"] = adapter_outputs.index(name)
         attrs = {k: a for k, a in arg_attrs(main, value.arg_number).items()
-                 if not k.startswith("bt.") or k in (facts.DIMS, facts.INITIAL)} if source is None else {}
-        if facts.INITIAL in attrs:  # a buffer the model mutates (its result has the same name)
-            entry_facts["kind"] = facts.BUFFER
+                 if not k.startswith("bt.") or k == facts.DIMS} if source is None else {}
+        if source is None and facts.MUTATED in arg_attrs(main, value.arg_number):
+            entry_facts["kind"] = facts.BUFFER  # a buffer the model mutates (its result has the same name)
         attrs.update({"bt." + k: facts.attribute(ir, v) for k, v in entry_facts.items()})
         arg_entries.append(attrs)
     facts.set_all(func.operation, "arg", arg_entries)

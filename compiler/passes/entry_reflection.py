@@ -6,7 +6,8 @@ module, where the runtime reads it back (`VmModule.lookup_function(name)
 function records its own description (compiler/entry_points.py: stage,
 program, arguments and results with their facts, shapes and dtypes) as
 JSON; the function that owns the resident slot tables also records the
-module's multi-tenant configuration. The runtime trusts these, not the
+module's multi-tenant configuration, and each request-time function of a
+generation step's module the step's configuration. The runtime trusts these, not the
 manifest beside the module, for slot counts, ranks, shapes, dtypes and
 bounds, and refuses a manifest that disagrees:
 
@@ -22,7 +23,8 @@ from iree.compiler import ir
 from stageml.compiler import facts
 from stageml.compiler.entry_points import describe, entry_points_of, tenants
 from stageml.compiler.passes import register
-from stageml.runtime.manifest import REFLECTED_ENTRY as ENTRY, REFLECTED_TENANTS as TENANTS
+from stageml.runtime.manifest import REFLECTED_ENTRY as ENTRY, REFLECTED_GENERATION as GENERATION, \
+    REFLECTED_TENANTS as TENANTS
 
 
 def reflection(func) -> dict:
@@ -33,6 +35,8 @@ def reflection(func) -> dict:
              if e["program"] == facts.get(func, facts.PROGRAM)}
     if facts.get(func, facts.STAGE) in owned and tenants(module_op) is not None:
         found[TENANTS] = json.dumps(tenants(module_op), sort_keys=True)
+    if facts.get(func, facts.STAGE) == "dynamic" and facts.get(module_op, facts.GENERATION) is not None:
+        found[GENERATION] = json.dumps(facts.get(module_op, facts.GENERATION), sort_keys=True)
     return found
 
 

@@ -16,8 +16,9 @@ request with an error instead of a clamped answer:
       %e = torch.aten.embedding %w, %c, ...
 
 Handled: aten.embedding, aten.index_select, aten.gather (clamped to
-[0, n-1]: PyTorch rejects negative indices there) and aten.index.Tensor
-(remainder modulo n: PyTorch wraps negative indices). A table's row count
+[0, n-1]: PyTorch rejects negative indices there) and aten.index.Tensor and
+aten.index_put, a write (remainder modulo n: PyTorch wraps negative
+indices). A table's row count
 is its static size, or for resident state the declared slot count
 (`bt.resident`); a dynamic size is read at run time (no `bt.range` then).
 """
@@ -32,7 +33,8 @@ from stageml.compiler.passes import register
 # op name → (operand holding the indexed dimension, or None: dimension 0; operand holding the indices)
 _CLAMPED = {"torch.aten.embedding": (None, 1), "torch.aten.index_select": (1, 2), "torch.aten.gather": (1, 2)}
 # ops indexing dimension i with the i-th tensor of a list (None: that dimension whole)
-_LISTED = ("torch.aten.index.Tensor", "torch.aten.index.Tensor_hacked_twin")
+_LISTED = ("torch.aten.index.Tensor", "torch.aten.index.Tensor_hacked_twin",  # reads
+           "torch.aten.index_put", "torch.aten.index_put.hacked_twin")        # writes
 
 
 def _static_rows(func, table, dim: int, resident: dict) -> int | None:

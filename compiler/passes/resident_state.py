@@ -20,12 +20,16 @@ reads its resident arguments as views of the table:
       %s = expand_shape (extract_slice (util.global.load @resident.f32)[OFFSET] [SLOTS*K*N]) ... }
 
 A buffer the model mutates (arguments and results of kind "buffer" of the
-request-time functions, bt-split's) takes a range of the same tables: each
-request-time function reads it as a view and stores its new value there
-instead of returning it, so the module keeps it from call to call (every
-program sharing it), as the model keeps its buffers; one that does not start
-as zeros (bt.initial = "parameter") is written there once, by an
-util.initializer, from a parameter global of its name (resident-state-buffers.mlir).
+request-time functions, bt-split's) becomes a mutable global of its own,
+@buffer.<name>, starting from the parameter of its name: each request-time
+function loads it and stores its new value there instead of returning it,
+so the module keeps it from call to call (every program sharing it), as the
+model keeps its buffers, and IREE updates it in place (a KV cache's
+index_put writes its rows, no copy). Its start is a parameter even when it
+is zeros (a splat in the archive, no bytes): IREE 3.13 fuses globals that
+start equal and whose in-place updates it does not see as stores, so equal
+splat starts, or one initializer storing zeros into each, made one buffer
+of several (resident-state-buffers.mlir).
 
 (One global per element type, not one per value: IREE 3.13 lets mutable
 globals with equal splat initial values share storage, so equal-shaped
@@ -40,12 +44,12 @@ from iree.compiler.dialects import arith, cf, func as func_d, tensor, util
 
 from stageml.compiler import facts
 from stageml.compiler.passes import register
-from stageml.compiler.passes.use_parameters import parameter_global
+from stageml.compiler.passes.use_parameters import SCOPE
 from stageml.compiler.residual_ir import retype
 from stageml.errors import CompileError
 
 _ELEMENTS = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
-_DTYPES = {element: dtype for dtype, element in _ELEMENTS.items()}
+_BUFFER = "buffer."  # a buffer's global: @buffer.<its name>
 
 
 def _reassociation(groups) -> ir.ArrayAttr:
@@ -137,98 +141,60 @@ def _write(func, ranges, flat, slots: int) -> None:
 
 
 def _buffers(module_op) -> dict:
-    """{name: (type, initial)} of the buffers the model mutates (each request-time function's
-    arguments of kind "buffer"; every program's functions name the same ones)."""
+    """{name: type} of the buffers the model mutates (each request-time function's arguments of
+    kind "buffer"; every program's functions name the same ones)."""
     found = {}
     for func in facts.stage_functions(module_op, "dynamic"):
         for index, type_ in enumerate(ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).inputs):
             entry = facts.facts(func, "arg", index)
             if entry.get("kind") != facts.BUFFER:
                 continue
-            if not ir.RankedTensorType(type_).has_static_shape or str(ir.RankedTensorType(type_).element_type) \
-                    not in _ELEMENTS.values():
+            if not ir.RankedTensorType(type_).has_static_shape:
                 raise CompileError(f"buffer {entry['name']!r} ({type_}) is mutated by the model, but StageML keeps "
-                                   "only float buffers of static shape on the device: give it a fixed shape")
-            found[entry["name"]] = (ir.RankedTensorType(type_), entry["initial"])
+                                   "only buffers of static shape on the device: give it a fixed shape")
+            found[entry["name"]] = ir.RankedTensorType(type_)
     return found
 
 
-def _view(loaded, offset: int, type_) -> ir.Value:
-    """Elements [offset, offset + size) of a flat table, as `type_`."""
-    size = math.prod(type_.shape)
-    view = tensor.ExtractSliceOp(ir.RankedTensorType.get([size], type_.element_type), loaded,
-                                 [], [], [], [offset], [size], [1]).result
-    if type_.rank == 1:
-        return view
-    return tensor.ExpandShapeOp(type_, view, _reassociation([list(range(len(type_.shape)))]), [], type_.shape).result
-
-
-def _stored(table, offset: int, value) -> ir.Value:
-    """`table` with `value` (whole, flattened) at elements [offset, ...)."""
-    type_ = ir.RankedTensorType(value.type)
-    size = math.prod(type_.shape)
-    flat = value if type_.rank == 1 else tensor.CollapseShapeOp(
-        ir.RankedTensorType.get([size], type_.element_type), value, _reassociation([list(range(type_.rank))])).result
-    return tensor.InsertSliceOp(flat, table, [], [], [], [offset], [size], [1]).result
-
-
-def _keep_buffers(func, ranges, flat) -> None:
-    """A request-time function's buffers: each argument a view of its range of the table, each
+def _keep_buffers(func) -> None:
+    """A request-time function's buffers: each argument a load of the buffer's global, each
     result (the buffer's new value) stored there in place of being returned."""
     block = func.regions[0].blocks[0]
     with ir.InsertionPoint.at_block_begin(block), func.location:
-        loaded = {}
         for index in reversed(range(len(block.arguments))):
             entry = facts.facts(func, "arg", index)
-            if entry.get("kind") != facts.BUFFER:
-                continue
-            symbol, offset, type_ = ranges[entry["name"]]
-            if symbol not in loaded:
-                loaded[symbol] = util.GlobalLoadOp(flat[symbol], symbol).result
-            block.arguments[index].replace_all_uses_with(_view(loaded[symbol], offset, type_))
-            facts.erase_argument(func, index)
+            if entry.get("kind") == facts.BUFFER:
+                arg = block.arguments[index]
+                arg.replace_all_uses_with(util.GlobalLoadOp(arg.type, _BUFFER + entry["name"]).result)
+                facts.erase_argument(func, index)
     ret = list(block.operations)[-1]
-    kept, kept_facts, updated = [], [], {}
+    kept, kept_facts = [], []
     with ir.InsertionPoint(ret), ret.location:
         for i, value in enumerate(ret.operands):
             entry = facts.facts(func, "res", i)
-            if entry.get("kind") != facts.BUFFER:
+            if entry.get("kind") == facts.BUFFER:
+                util.GlobalStoreOp(value, _BUFFER + entry["name"])
+            else:
                 kept.append(value)
                 kept_facts.append(facts.attrs(func, "res", i))
-                continue
-            symbol, offset, _ = ranges[entry["name"]]
-            if symbol not in updated:
-                updated[symbol] = util.GlobalLoadOp(flat[symbol], symbol).result
-            updated[symbol] = _stored(updated[symbol], offset, value)
-        for symbol, value in updated.items():
-            util.GlobalStoreOp(value, symbol)
         func_d.ReturnOp(kept)
     ret.erase()
     retype(func)
     facts.set_all(func, "res", kept_facts)
 
 
-def _initialize(module_op, buffers: dict, ranges, flat) -> None:
-    """Writes each buffer that does not start as zeros from its parameter, once, at load:
-        util.initializer { table[offset ...] = util.global.load @name (#flow.parameter.named) }"""
-    starting = {name: type_ for name, (type_, initial) in buffers.items() if initial == "parameter"}
-    if not starting:
-        return
-    parameters = {}
-    for name, type_ in starting.items():
-        parameter_global(module_op, name, type_, parameters)
-    block = module_op.regions[0].blocks[0]
-    with ir.InsertionPoint(block):
-        init = util.InitializerOp(ir.TypeAttr.get(ir.FunctionType.get([], [])))
-        with ir.InsertionPoint(init.body.blocks.append()):
-            tables = {}
-            for name, type_ in starting.items():
-                symbol, offset, _ = ranges[name]
-                tables.setdefault(symbol, util.GlobalLoadOp(flat[symbol], symbol).result)
-                tables[symbol] = _stored(tables[symbol], offset, util.GlobalLoadOp(type_, name).result)
-            for symbol, value in tables.items():
-                util.GlobalStoreOp(value, symbol)
-            util.ReturnOp([])
+def _declare_buffers(module_op, buffers: dict) -> None:
+    """A mutable global per buffer, starting from the parameter of its name (its value when
+    compiled; the archive holds one of zeros as a splat):
+        util.global private mutable @buffer.<name> {bt.kind = "buffer", bt.name = name}
+            = #flow.parameter.named<"model"::"<name>">"""
+    with ir.InsertionPoint.at_block_begin(module_op.regions[0].blocks[0]):
+        for name, type_ in buffers.items():
+            initial = ir.Attribute.parse(f'#flow.parameter.named<"{SCOPE}"::"{name}"> : {type_}')
+            op = util.GlobalOp(_BUFFER + name, type_, sym_visibility="private", is_mutable=True,
+                               initial_value=initial).operation
+            facts.put(op, facts.NAME, name)
+            facts.put(op, facts.KIND, facts.BUFFER)
 
 
 def lower_resident_state(module_op) -> int:
@@ -236,20 +202,17 @@ def lower_resident_state(module_op) -> int:
     returns how many."""
     declared = facts.get(module_op, facts.RESIDENT, [])
     buffers = _buffers(module_op)
-    if not declared and not buffers:
-        return 0
-    ranges, flat = _layout(declared + [{"name": name, "slot_dim": 0, "dtype": _DTYPES[str(type_.element_type)],
-                                        "shape": [1, *type_.shape]} for name, (type_, _) in buffers.items()])
-    for name, (type_, _) in buffers.items():  # a buffer is its whole range, not a slot of one
-        symbol, offset, _ = ranges[name]
-        ranges[name] = (symbol, offset, type_)
+    if buffers:
+        _declare_buffers(module_op, buffers)
+        for func in facts.stage_functions(module_op, "dynamic"):
+            _keep_buffers(func)
+    if not declared:
+        return len(buffers)
+    ranges, flat = _layout(declared)
     with ir.InsertionPoint.at_block_begin(module_op.regions[0].blocks[0]):
         for symbol, type_ in flat.items():
             zero = ir.DenseElementsAttr.get_splat(type_, ir.FloatAttr.get(type_.element_type, 0.0))
             util.GlobalOp(symbol, type_, sym_visibility="private", is_mutable=True, initial_value=zero)
-    _initialize(module_op, buffers, ranges, flat)
-    for func in facts.stage_functions(module_op, "dynamic"):
-        _keep_buffers(func, ranges, flat)
     for program, owner in sorted({(e["program"], e["owner"]) for e in declared}):
         writer = facts.stage_function(module_op, owner, program)
         if writer is None:

@@ -22,8 +22,7 @@ from stageml.compiler.passes import register
 SCOPE = "model"  # the parameter scope of the archive
 
 
-def parameter_global(module_op, name: str, type_, globals_: dict):
-    """The parameter global `name` (created on first use, `globals_` records those made); its type."""
+def _global(module_op, name: str, type_, globals_: dict):
     if name not in globals_:
         with ir.InsertionPoint.at_block_begin(module_op.regions[0].blocks[0]):
             initial = ir.Attribute.parse(f'#flow.parameter.named<"{SCOPE}"::"{name}"> : {type_}')
@@ -47,7 +46,7 @@ def use_parameters(module_op) -> int:
                 continue
             arg = block.arguments[index]
             with ir.InsertionPoint.at_block_begin(block), func.location:
-                type_ = parameter_global(module_op, entry["name"], arg.type, globals_)
+                type_ = _global(module_op, entry["name"], arg.type, globals_)
                 value = util.GlobalLoadOp(type_, entry["name"]).result
                 if value.type != arg.type:
                     value = tensor.CastOp(arg.type, value).result

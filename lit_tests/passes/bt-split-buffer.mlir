@@ -1,17 +1,17 @@
 // RUN: stageml-opt %s -p bt-split | filecheck %s
 
-// A buffer the model mutates (the frontend's bt.initial on its argument and
+// A buffer the model mutates (the frontend's bt.mutated on its argument and
 // bt.kind = "buffer" on the result holding its new value) is request-time
-// state: @forward takes it as an argument of kind "buffer", keeping
-// bt.initial, and returns its new value as a result of kind "buffer" of the
-// same name (resident-state then keeps it on the device).
+// state: @forward takes it as an argument of kind "buffer" and returns its
+// new value as a result of kind "buffer" of the same name (resident-state
+// then keeps it on the device).
 
 // CHECK-LABEL: func.func @forward
 // CHECK-SAME:    %arg1: !torch.vtensor<[?,4],f32> {bt.kind = "input", bt.name = "x"}
-// CHECK-SAME:    %arg2: !torch.vtensor<[4],f32> {bt.initial = "zeros", bt.kind = "buffer", bt.name = "total"}
+// CHECK-SAME:    %arg2: !torch.vtensor<[4],f32> {bt.kind = "buffer", bt.name = "total"}
 // CHECK-SAME:    -> (!torch.vtensor<[4],f32> {bt.kind = "buffer", bt.name = "total"}, !torch.vtensor<[?,4],f32> {bt.kind = "output", bt.name = "output.0"})
 // CHECK-SAME:    attributes {bt.program = "main", bt.stage = "dynamic"}
-func.func @main(%arg0: !torch.vtensor<[4,4],f32> {bt.name = "fc.weight", bt.time = #bt.time<"static">}, %arg1: !torch.vtensor<[?,4],f32> {bt.name = "x", bt.time = #bt.time<"dynamic">}, %arg2: !torch.vtensor<[4],f32> {bt.initial = "zeros", bt.name = "total", bt.time = #bt.time<"dynamic">}) -> (!torch.vtensor<[4],f32> {bt.kind = "buffer", bt.name = "total"}, !torch.vtensor<[?,4],f32> {bt.name = "output.0"}) attributes {bt.program = "main"} {
+func.func @main(%arg0: !torch.vtensor<[4,4],f32> {bt.name = "fc.weight", bt.time = #bt.time<"static">}, %arg1: !torch.vtensor<[?,4],f32> {bt.name = "x", bt.time = #bt.time<"dynamic">}, %arg2: !torch.vtensor<[4],f32> {bt.mutated = true, bt.name = "total", bt.time = #bt.time<"dynamic">}) -> (!torch.vtensor<[4],f32> {bt.kind = "buffer", bt.name = "total"}, !torch.vtensor<[?,4],f32> {bt.name = "output.0"}) attributes {bt.program = "main"} {
   %int0 = torch.constant.int 0 {bt.time = #bt.time<"static">}
   %int1 = torch.constant.int 1 {bt.time = #bt.time<"static">}
   %none = torch.constant.none {bt.time = #bt.time<"static">}

@@ -3,7 +3,8 @@
 // The input is bt-split's output. Every index into a table is bounded by
 // the table's size along the indexed dimension: clamped into [0, n-1] for
 // embedding, index_select and gather (PyTorch rejects negative indices
-// there), taken modulo n for index.Tensor (PyTorch wraps them). A table
+// there), taken modulo n for index.Tensor and index_put (PyTorch wraps
+// them; index_put writes, into a buffer the model mutates here). A table
 // whose size is dynamic is bounded by its size at run time; a resident
 // table (@forward_factorized's %arg1, typed [?,4,12]) by its declared slot
 // count (bt.resident: 3). A stage argument used directly as indices
@@ -15,6 +16,7 @@ module attributes {bt.resident = [{dtype = "float32", name = "factorized.adapter
 // CHECK-SAME:    %arg1: !torch.vtensor<[?,?],si64> {bt.kind = "input", bt.name = "ids", bt.range = {max = 99 : i64, min = 0 : i64}}
 // CHECK-SAME:    %arg2: !torch.vtensor<[?,?],f32> {bt.kind = "input", bt.name = "x"}
 // CHECK-SAME:    %arg3: !torch.vtensor<[?],si64> {bt.kind = "input", bt.name = "rows", bt.range = {max = 7 : i64, min = -8 : i64}}
+// CHECK-SAME:    %arg6: !torch.vtensor<[?],si64> {bt.kind = "input", bt.name = "slots", bt.range = {max = 5 : i64, min = -6 : i64}}
 // CHECK:         %[[LAST:.+]] = torch.constant.int 99
 // CHECK:         %[[IDS:.+]] = torch.aten.clamp %arg1, %{{.+}}, %[[LAST]]
 // CHECK:         torch.aten.embedding %arg0, %[[IDS]]
@@ -27,12 +29,18 @@ module attributes {bt.resident = [{dtype = "float32", name = "factorized.adapter
 // CHECK:         %[[R:.+]] = torch.aten.remainder.Scalar %arg3, %[[EIGHT]]
 // CHECK:         %[[LIST:.+]] = torch.prim.ListConstruct %[[R]]
 // CHECK:         torch.aten.index.Tensor_hacked_twin %{{.+}}, %[[LIST]]
+// CHECK:         %[[SIX:.+]] = torch.constant.int 6
+// CHECK:         %[[S:.+]] = torch.aten.remainder.Scalar %arg6, %[[SIX]]
+// CHECK:         %[[AT:.+]] = torch.prim.ListConstruct %[[S]]
+// CHECK:         torch.aten.index_put.hacked_twin %arg5, %[[AT]]
 func.func @forward(%arg0: !torch.vtensor<[100,16],f32> {bt.kind = "parameter", bt.name = "embed.weight"},
                    %arg1: !torch.vtensor<[?,?],si64> {bt.kind = "input", bt.name = "ids"},
                    %arg2: !torch.vtensor<[?,?],f32> {bt.kind = "input", bt.name = "x"},
                    %arg3: !torch.vtensor<[?],si64> {bt.kind = "input", bt.name = "rows"},
-                   %arg4: !torch.vtensor<[8,16],f32> {bt.kind = "parameter", bt.name = "table"})
-    -> (!torch.vtensor<[?,?,16],f32> {bt.kind = "output", bt.name = "output.0"}, !torch.vtensor<[?,?],f32> {bt.kind = "output", bt.name = "output.1"}, !torch.vtensor<[?,16],f32> {bt.kind = "output", bt.name = "output.2"})
+                   %arg4: !torch.vtensor<[8,16],f32> {bt.kind = "parameter", bt.name = "table"},
+                   %arg5: !torch.vtensor<[6,16],f32> {bt.kind = "buffer", bt.name = "cache"},
+                   %arg6: !torch.vtensor<[?],si64> {bt.kind = "input", bt.name = "slots"})
+    -> (!torch.vtensor<[?,?,16],f32> {bt.kind = "output", bt.name = "output.0"}, !torch.vtensor<[?,?],f32> {bt.kind = "output", bt.name = "output.1"}, !torch.vtensor<[?,16],f32> {bt.kind = "output", bt.name = "output.2"}, !torch.vtensor<[6,16],f32> {bt.kind = "buffer", bt.name = "cache"})
     attributes {bt.program = "main", bt.stage = "dynamic"} {
   %int-1 = torch.constant.int -1
   %int1 = torch.constant.int 1
@@ -41,7 +49,9 @@ func.func @forward(%arg0: !torch.vtensor<[100,16],f32> {bt.kind = "parameter", b
   %1 = torch.aten.gather %arg2, %int1, %arg1, %false : !torch.vtensor<[?,?],f32>, !torch.int, !torch.vtensor<[?,?],si64>, !torch.bool -> !torch.vtensor<[?,?],f32>
   %2 = torch.prim.ListConstruct %arg3 : (!torch.vtensor<[?],si64>) -> !torch.list<vtensor>
   %3 = torch.aten.index.Tensor_hacked_twin %arg4, %2 : !torch.vtensor<[8,16],f32>, !torch.list<vtensor> -> !torch.vtensor<[?,16],f32>
-  return %0, %1, %3 : !torch.vtensor<[?,?,16],f32>, !torch.vtensor<[?,?],f32>, !torch.vtensor<[?,16],f32>
+  %4 = torch.prim.ListConstruct %arg6 : (!torch.vtensor<[?],si64>) -> !torch.list<vtensor>
+  %5 = torch.aten.index_put.hacked_twin %arg5, %4, %3, %false : !torch.vtensor<[6,16],f32>, !torch.list<vtensor>, !torch.vtensor<[?,16],f32>, !torch.bool -> !torch.vtensor<[6,16],f32>
+  return %0, %1, %3, %5 : !torch.vtensor<[?,?,16],f32>, !torch.vtensor<[?,?],f32>, !torch.vtensor<[?,16],f32>, !torch.vtensor<[6,16],f32>
 }
 
 // CHECK-LABEL: func.func @forward_factorized(

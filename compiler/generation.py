@@ -1,0 +1,94 @@
+"""The program StageML compiles for generation: one step of a causal LM over a KV cache in
+fixed per-sequence slots, which the module keeps on the device.
+
+    step(ids [B, T], slots [B], positions [B]) -> logits [B, T, V]
+
+Row b's T tokens (a prompt, or one token of a decode step) sit at positions
+positions[b] .. positions[b] + T - 1 of sequence slot slots[b]: each layer writes
+their keys and values there (index_put into its cache buffers
+[sequences, max_seq, kv_heads, head_dim]) and attends over that slot's cache,
+masked to the positions up to each token's own. A step attends over all
+max_seq positions: attending over only the batch's furthest position (a
+dynamic key length) gave wrong logits, as torch-mlir lowers the attention's
+views of tensors with three dynamic dimensions (batch, tokens, keys) as if
+all but one were 1 (llvm/torch-mlir#3852), and collapse-views cannot tell
+which of them a view's sizes name. So prefill and decode are the
+same program (T tokens or one), and rows of one batch may be at different
+positions (continuous batching). The cache buffers are buffers the model
+mutates: request-time state that resident-state keeps in device tables and
+updates in place, shared by every program of the module.
+
+Fixed slots, not paged blocks: a slot holds a whole sequence, so a step needs
+no block table (one index per row), and the cache's size is fixed when
+compiling (sequences x max_seq), which a module global needs anyway.
+"""
+
+import torch
+
+from stageml.errors import CompileError
+
+INPUTS = ("ids", "slots", "positions")  # the step's inputs, in order (facts.GENERATION names their roles)
+
+
+class SlotCache:
+    """transformers' cache interface (`update`) over each layer's buffers of a Step."""
+
+    def __init__(self, keys: list, values: list, slots, positions):
+        self.keys, self.values, self.slots, self.positions = keys, values, slots, positions
+
+    def update(self, key_states, value_states, layer_idx: int, cache_kwargs=None):
+        """Writes the rows' keys and values [B, heads, T, dim] at their slots and positions;
+        returns each row's whole cache [B, heads, max_seq, dim]."""
+        rows = self.slots[:, None].expand_as(self.positions)
+        for cache, states in ((self.keys[layer_idx], key_states), (self.values[layer_idx], value_states)):
+            cache.index_put_((rows, self.positions), states.transpose(1, 2).to(cache.dtype))
+        return tuple(cache[self.slots].transpose(1, 2) for cache in (self.keys[layer_idx], self.values[layer_idx]))
+
+
+class Step(torch.nn.Module):
+    """One generation step of `model` (a transformers causal LM, or a PEFT model of one)."""
+
+    def __init__(self, model, sequences: int, max_seq: int):
+        super().__init__()
+        config = getattr(model, "config", None)
+        layers = getattr(config, "num_hidden_layers", None)
+        if layers is None or not hasattr(config, "num_attention_heads"):
+            raise CompileError(f"generate=True needs a transformers causal LM (or a PEFT model of one), not a "
+                               f"{type(model).__name__}: pass e.g. AutoModelForCausalLM.from_config(...)")
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        dtype = next(model.parameters()).dtype
+        self.model, self.layers, self.max_seq = model, layers, max_seq
+        self.cache = torch.nn.Module()  # buffers cache.k0, cache.v0, ...
+        for layer in range(layers):
+            for kind in "kv":
+                self.cache.register_buffer(f"{kind}{layer}", torch.zeros(sequences, max_seq, heads, dim, dtype=dtype))
+
+    def forward(self, ids, slots, positions):
+        at = positions[:, None] + torch.arange(ids.shape[1], device=ids.device)[None, :]
+        cache = SlotCache([getattr(self.cache, f"k{layer}") for layer in range(self.layers)],
+                          [getattr(self.cache, f"v{layer}") for layer in range(self.layers)], slots, at)
+        keys = torch.arange(self.max_seq, device=ids.device)
+        hidden = keys[None, None, None, :] > at[:, None, :, None]  # [B, 1, T, max_seq]: keys after the token
+        dtype = next(self.model.parameters()).dtype
+        mask = torch.zeros(hidden.shape, dtype=dtype, device=ids.device).masked_fill(hidden, torch.finfo(dtype).min)
+        return self.model(input_ids=ids, position_ids=at, attention_mask=mask, past_key_values=cache,
+                          use_cache=True).logits
+
+
+def end_tokens(model) -> list:
+    """The token ids that end a sequence (the model's generation config, else its config), as a list."""
+    for config in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        eos = getattr(config, "eos_token_id", None)
+        if eos is not None:
+            return [int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos])]
+    return []
+
+
+def step_program(model, sequences: int, max_seq: int) -> tuple:
+    """(the Step of `model`, example inputs, dynamic shapes) for stageml.compile."""
+    step = Step(model, sequences, max_seq).eval()
+    rows = torch.export.Dim("rows", min=1, max=sequences)
+    tokens = torch.export.Dim("tokens", min=1, max=max_seq)
+    example = (torch.zeros(2, 3, dtype=torch.int64), torch.tensor([0, 1]), torch.tensor([0, 0]))
+    return step, example, {"ids": {0: rows, 1: tokens}, "slots": {0: rows}, "positions": {0: rows}}

@@ -1,0 +1,125 @@
+"""Generation with a KV cache the module keeps (generate=True): greedy output against
+transformers' `generate` token for token, for every row, in batches whose sequences join and
+leave, per tenant adapter; sampling; and the errors. Prompts are drawn fresh (the seed is printed)."""
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+
+import stageml
+from stageml.errors import CompileError, InputError
+from workloads import LLAMA_LORA, random_factors, small_llama
+
+NEW = 8
+LENGTHS = (5, 1, 9, 3, 7)  # five prompts over three cache slots: sequences join as others leave
+
+
+def _prompts(seed: int) -> list:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 128, (n,), generator=generator).tolist() for n in LENGTHS]
+
+
+def _greedy(model, prompt: list, base: bool = False) -> list:
+    """transformers' greedy generate of NEW tokens (PEFT's with its adapter disabled where `base`)."""
+    with torch.no_grad():
+        if base:
+            with model.disable_adapter():
+                out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)
+        else:
+            out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    torch.manual_seed(0)
+    model = small_llama()
+    art = stageml.compile(model, generate=True, max_seq=64, sequences=3)
+    return model, art, art.load(str(tmp_path_factory.mktemp("gen") / "llama.vmfb"))
+
+
+def test_greedy_generation_matches_transformers(llama):
+    """Three slots, five prompts of different lengths: rows at different positions in one decode
+    step, and each finished sequence's slot taken by a waiting prompt."""
+    seed = torch.seed() % 2 ** 31
+    print(f"seed {seed}")
+    model, art, gen = llama
+    assert art.generation == {"sequences": 3, "max_seq": 64, "eos": [model.generation_config.eos_token_id],
+                              "tokens": "ids", "slots": "slots", "positions": "positions"}
+    assert [a["name"] for a in gen.module.inputs] == ["ids", "slots", "positions"]
+    prompts = _prompts(seed)
+    out = gen.generate(prompts, max_new_tokens=NEW)
+    assert out == [_greedy(model, p) for p in prompts]
+    assert gen.generate(prompts[:2], max_new_tokens=NEW) == out[:2]  # the cache's old contents do not leak
+
+
+def test_eos_ends_a_sequence(llama):
+    """A sequence ends at the model's end-of-sequence token (as transformers' does), at a given one,
+    or at max_new_tokens with ignore_eos."""
+    model, _, gen = llama
+    prompt = _prompts(1)[0]
+    model_eos = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = None
+    try:
+        expected = _greedy(model, prompt)  # NEW tokens, eos or not
+    finally:
+        model.generation_config.eos_token_id = model_eos
+    eos = expected[2]
+    assert gen.generate([prompt], max_new_tokens=NEW, eos_token_id=eos) == [expected[:expected.index(eos) + 1]]
+    assert gen.generate([prompt], max_new_tokens=NEW, eos_token_id=[eos, -1]) == [expected[:expected.index(eos) + 1]]
+    assert gen.generate([prompt], max_new_tokens=NEW, eos_token_id=eos, ignore_eos=True) == [expected]
+
+
+def test_sampling_is_reproducible_by_seed(llama):
+    _, _, gen = llama
+    prompts = _prompts(2)
+    first = gen.generate(prompts, max_new_tokens=NEW, temperature=1.5, seed=7)
+    assert first == gen.generate(prompts, max_new_tokens=NEW, temperature=1.5, seed=7)
+    assert all(len(o) == NEW and all(0 <= t < 128 for t in o) for o in first)
+
+
+def test_generation_refuses_what_does_not_fit(llama):
+    _, _, gen = llama
+    with pytest.raises(InputError, match="do not fit the cache's 64 positions"):
+        gen.generate([[1] * 60], max_new_tokens=8)
+    with pytest.raises(InputError, match="prompt 1 is empty"):
+        gen.generate([[1], []])
+    with pytest.raises(InputError, match="max_new_tokens"):
+        gen.generate([[1]], max_new_tokens=0)
+    with pytest.raises(InputError, match="compiled without adapter slots"):
+        gen.generate([[1]], adapters=["a"])
+    with pytest.raises(InputError, match="cache slot 3 is outside 0..2"):
+        gen.step([[1]], [3], [0])
+    with pytest.raises(InputError, match="positions up to 64"):
+        gen.step([[1, 2]], [0], [63])
+    with pytest.raises(InputError, match="outside 0..127"):
+        gen.generate([[1, 500]])
+
+
+def test_generate_takes_the_model_alone():
+    with pytest.raises(CompileError, match="pass the model alone"):
+        stageml.compile(small_llama(), (torch.zeros(1, 2, dtype=torch.int64),), generate=True)
+    with pytest.raises(CompileError, match="needs a transformers causal LM"):
+        stageml.compile(torch.nn.Linear(4, 4), generate=True)
+
+
+@pytest.mark.parametrize("policy", ["auto", "factorized"])
+def test_mixed_tenant_generation_matches_peft(tmp_path, policy):
+    """Two PEFT adapters and the base model in one run: each prompt's tokens are PEFT's with its
+    adapter (merged calls under "auto", where a step's rows share one; per-row factors else)."""
+    seed = torch.seed() % 2 ** 31
+    print(f"seed {seed}")
+    models = {}
+    for i, name in enumerate("ab"):
+        torch.manual_seed(0)
+        base = small_llama()
+        torch.manual_seed(seed + i)
+        models[name] = random_factors(get_peft_model(base, LoraConfig(**LLAMA_LORA)), 0.3).eval()
+    art = stageml.compile(models["a"], generate=True, max_seq=64, sequences=3, max_adapters=2, max_rank=8)
+    gen = art.load(str(tmp_path / "tenants.vmfb"), policy=policy)
+    for name, model in models.items():
+        gen.load_adapter(name, {k: v for k, v in model.state_dict().items() if "lora_" in k},
+                         config=model.peft_config["default"])
+    prompts, adapters = _prompts(seed), ["a", "b", None, "b", "a"]
+    out = gen.generate(prompts, adapters=adapters, max_new_tokens=NEW)
+    assert out == [_greedy(models[a or "a"], p, base=a is None) for p, a in zip(prompts, adapters)]
