@@ -26,7 +26,6 @@ class Generator:
         self.sequences, self.max_seq = config["sequences"], config["max_seq"]
         names = [spec["name"] for spec in module.inputs]
         self._order = [names.index(config[role]) for role in ("tokens", "slots", "positions")]
-        self.vocab = next(spec for spec in module.inputs if spec["name"] == config["tokens"]).get("range", {}).get("max")
         self._tenants = hasattr(module, "run_batch")
 
     def __getattr__(self, name):
