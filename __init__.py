@@ -49,6 +49,11 @@ def compile(model, args=None, *, dynamic_shapes=None, **options):
           kernels' CPU references, built for and run on the CPU.
         trust_model: load a .pt2 even where torch would unpickle or run code from it.
         verbose: print each stage as it finishes (stderr).
+        generate: compile one generation step of a transformers causal LM (pass the
+          model alone) over a KV cache the module keeps: `stageml.load` then gives a
+          Generator (`generate(prompts, ...)`).
+        max_seq, sequences: with generate, the cache's positions per sequence and its
+          sequence slots (2048 and 8 by default).
 
     Returns:
       An Artifact with `.report`, `.mlir`, `.save(path)` and `.load(path)`.

@@ -21,6 +21,8 @@ class CompileOptions:
     sm90 residual built for the CPU, to check its rewrites numerically).
     trust_model: load a .pt2 even where that needs an unrestricted unpickle
     (which can run any code the file holds); by default such files are refused.
+    generate, max_seq, sequences: a generation step over a KV cache of `sequences`
+    slots of `max_seq` positions (compiler/generation.py).
     """
 
     stages: tuple = ()

@@ -359,8 +359,9 @@ class ResidualModule:
         return request.outputs(self._call(self.entry("dynamic"), named, self._state))
 
 
-def load(path: str, device: str | None = None, **serving) -> ResidualModule:
-    """Loads `residual.vmfb` with its `.irpa` and `.json`.
+def load(path: str, device: str | None = None, **serving):
+    """Loads `residual.vmfb` with its `.irpa` and `.json`: a ResidualModule (a TenantModule when
+    compiled with max_adapters), or for a generation step (generate=True) a Generator over it.
 
     Args:
       path: the .vmfb stagemlc or Artifact.save wrote.

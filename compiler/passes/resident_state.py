@@ -224,7 +224,8 @@ def lower_resident_state(module_op) -> int:
 
 
 @register("resident-state", "declared resident state (slot tables) becomes device globals, written "
-          "by its owning stage at a slot and read by the request path", context="iree")
+          "by its owning stage at a slot and read by the request path; buffers the model mutates become "
+          "globals the request path loads and stores", context="iree")
 def run(module_op, options, stats) -> None:
     with module_op.context, module_op.location:
         stats["resident"] += lower_resident_state(module_op)
