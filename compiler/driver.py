@@ -248,6 +248,14 @@ def compile(model, args=None, *, dynamic_shapes=None, options: CompileOptions) -
         first, c = _resume(os.fspath(model), options)
     else:
         first, c = "torch", Compilation(options)
+        if isinstance(model, (str, os.PathLike)) and os.path.isdir(model):
+            if not options.generate:
+                raise CompileError(f"{os.fspath(model)!r} is a directory: a transformers save_pretrained directory "
+                                   "compiles with generate=True (stagemlc --generate)")
+            model = generation.pretrained(os.fspath(model), options.lora_config)
+        elif options.lora_config is not None:
+            raise CompileError("lora_config (--lora-config) applies to a save_pretrained directory: pass the model "
+                               "as one, or give a PEFT model instead")
         if options.generate:
             if args is not None or dynamic_shapes is not None:
                 raise CompileError("with generate=True StageML builds the step's inputs itself: pass the model alone "

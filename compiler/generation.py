@@ -23,9 +23,12 @@ no block table (one index per row), and the cache's size is fixed when
 compiling (sequences x max_seq), which a module global needs anyway.
 """
 
+import json
+import os
+
 import torch
 
-from stageml.errors import CompileError
+from stageml.errors import CompileError, ModelLoadError
 
 INPUTS = ("ids", "slots", "positions")  # the step's inputs, in order (facts.GENERATION names their roles)
 
@@ -74,6 +77,39 @@ class Step(torch.nn.Module):
         mask = torch.zeros(hidden.shape, dtype=dtype, device=ids.device).masked_fill(hidden, torch.finfo(dtype).min)
         return self.model(input_ids=ids, position_ids=at, attention_mask=mask, past_key_values=cache,
                           use_cache=True).logits
+
+
+def pretrained(directory: str, lora_config: str | None = None):
+    """The causal LM of a transformers `save_pretrained` directory (config.json and safetensors,
+    nothing downloaded, no remote code), with the LoRA sites of the PEFT adapter directory
+    `lora_config` (its adapter_config.json; its weights, where the directory has them, as the
+    model's own adapter)."""
+    from transformers import AutoModelForCausalLM
+
+    if not os.path.isfile(os.path.join(directory, "config.json")):
+        raise ModelLoadError(f"{directory!r} has no config.json: pass a transformers save_pretrained directory")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, use_safetensors=True,
+                                                     trust_remote_code=False).eval()
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelLoadError(f"{directory!r} does not load as a causal LM ({str(e).strip().splitlines()[0]}): "
+                             "pass a save_pretrained directory with safetensors weights") from None
+    if lora_config is None:
+        return model
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    config_file = os.path.join(lora_config, "adapter_config.json")
+    try:
+        with open(config_file) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"--lora-config {lora_config!r}: {config_file!r} does not read as JSON ({e}): "
+                             "pass a PEFT save_pretrained directory") from None
+    if config.get("peft_type") != "LORA":
+        raise ModelLoadError(f"--lora-config {lora_config!r} is a {config.get('peft_type')!r} adapter: pass a LoRA one")
+    if any(os.path.isfile(os.path.join(lora_config, f)) for f in ("adapter_model.safetensors",)):
+        return PeftModel.from_pretrained(model, lora_config).eval()
+    return get_peft_model(model, LoraConfig.from_pretrained(lora_config)).eval()
 
 
 def end_tokens(model) -> list:

@@ -22,7 +22,9 @@ class CompileOptions:
     trust_model: load a .pt2 even where that needs an unrestricted unpickle
     (which can run any code the file holds); by default such files are refused.
     generate, max_seq, sequences: a generation step over a KV cache of `sequences`
-    slots of `max_seq` positions (compiler/generation.py).
+    slots of `max_seq` positions (compiler/generation.py); lora_config: with a
+    save_pretrained directory as the model, a PEFT adapter directory whose
+    adapter_config.json names the LoRA sites.
     """
 
     stages: tuple = ()
@@ -39,6 +41,7 @@ class CompileOptions:
     generate: bool = False
     max_seq: int = 2048
     sequences: int = 8
+    lora_config: str | None = None
 
     def __post_init__(self):
         stages = self.stages.items() if isinstance(self.stages, dict) else (self.stages or ())

@@ -123,3 +123,32 @@ def test_mixed_tenant_generation_matches_peft(tmp_path, policy):
     prompts, adapters = _prompts(seed), ["a", "b", None, "b", "a"]
     out = gen.generate(prompts, adapters=adapters, max_new_tokens=NEW)
     assert out == [_greedy(models[a or "a"], p, base=a is None) for p, a in zip(prompts, adapters)]
+
+
+def test_stagemlc_compiles_a_save_pretrained_directory(tmp_path, capsys):
+    """`stagemlc models/llama -o out.vmfb --generate ... --lora-config adapters/a`: the model from a
+    transformers save_pretrained directory, its LoRA sites from a PEFT adapter directory, which
+    then loads as a tenant; against PEFT."""
+    from stageml.tools import stagemlc
+
+    seed = torch.seed() % 2 ** 31
+    print(f"seed {seed}")
+    torch.manual_seed(0)
+    small_llama().save_pretrained(tmp_path / "llama")
+    torch.manual_seed(0)
+    base = small_llama()  # the same weights
+    torch.manual_seed(seed)
+    peft = random_factors(get_peft_model(base, LoraConfig(**LLAMA_LORA)), 0.3).eval()
+    peft.save_pretrained(tmp_path / "adapter")
+    assert stagemlc.main([str(tmp_path / "llama"), "-o", str(tmp_path / "out" / "llama.vmfb"), "--generate",
+                          "--max-seq", "32", "--sequences", "2", "--max-adapters", "2", "--max-rank", "8",
+                          "--lora-config", str(tmp_path / "adapter"), "-q"]) == 0
+    gen = stageml.load(str(tmp_path / "out" / "llama.vmfb"))
+    gen.load_adapter("a", str(tmp_path / "adapter"))
+    prompts = _prompts(seed)[:3]
+    out = gen.generate(prompts, adapters=["a", None, "a"], max_new_tokens=NEW)
+    assert out == [_greedy(peft, p, base=a is None) for p, a in zip(prompts, ["a", None, "a"])]
+    assert stagemlc.main([str(tmp_path / "llama"), "-o", str(tmp_path / "x.vmfb"), "-q"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"stagemlc: error: {str(tmp_path / 'llama')!r} is a directory: a transformers save_pretrained directory "
+        "compiles with generate=True (stagemlc --generate)")

@@ -2,6 +2,7 @@
 
     stagemlc model.pt2 -o out/residual.vmfb
     stagemlc out/dump/model.split.mlir -o out/residual.vmfb    # start at a dumped stage
+    stagemlc models/llama -o out/llama.vmfb --generate [--max-seq N] [--sequences S] [--lora-config DIR]
              [--stage GLOB=TIME]... [--emit STAGE] [--dump-stages DIR] [--target cpu|cuda|sm90]
              [--cpu NAME] [--no-custom-kernels] [--no-lora-merge] [--max-adapters N [--max-rank R]
              [--emit-plan plan.json|plan.mlir]] [--trust-model] [-q]
@@ -34,8 +35,9 @@ EPILOG = ("exit status: 0 success; 1 an error in the input (one line 'stagemlc: 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stagemlc", description=__doc__.splitlines()[0], epilog=EPILOG)
-    parser.add_argument("model", help="a .pt/.pt2 file written by torch.export.save, or a stage file "
-                                      "--dump-stages wrote (model.split.mlir, ...) to start there")
+    parser.add_argument("model", help="a .pt/.pt2 file written by torch.export.save, a stage file "
+                                      "--dump-stages wrote (model.split.mlir, ...) to start there, or with "
+                                      "--generate a transformers save_pretrained directory")
     parser.add_argument("-o", "--output", default="residual.vmfb", help="the residual .vmfb (.irpa and .json go beside it)")
     parser.add_argument("--stage", action="append", default=[], metavar="GLOB=TIME",
                         help="binding time (static|adapter|dynamic) of the parameters, buffers or inputs GLOB matches")
@@ -56,6 +58,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--emit-plan", metavar="FILE",
                         help="with --max-adapters: also write the serving plan's MoE layers and their costs per "
                              "(tenant, expert), as JSON (.json) or plan-dialect MLIR (.mlir)")
+    parser.add_argument("--generate", action="store_true",
+                        help="compile one generation step of the causal LM over a KV cache the module keeps")
+    parser.add_argument("--max-seq", type=int, default=2048, metavar="N", help="with --generate: positions per sequence")
+    parser.add_argument("--sequences", type=int, default=8, metavar="S",
+                        help="with --generate: the cache's sequence slots (sequences served at once)")
+    parser.add_argument("--lora-config", metavar="DIR",
+                        help="with a save_pretrained directory: a PEFT adapter directory whose adapter_config.json "
+                             "names the LoRA sites (its weights, if there, are the default adapter)")
     parser.add_argument("--trust-model", action="store_true",
                         help="load a .pt2 even if that needs an unrestricted unpickle (it can run any code in the "
                              "file); only for files you trust")
@@ -130,7 +140,8 @@ def _options(args) -> CompileOptions:
                           dump_dir=args.dump_stages, merge_lora=not args.no_lora_merge,
                           max_adapters=args.max_adapters, max_rank=16 if args.max_rank is None else args.max_rank,
                           custom_kernels=not args.no_custom_kernels, trust_model=args.trust_model,
-                          verbose=not args.quiet)
+                          verbose=not args.quiet, generate=args.generate, max_seq=args.max_seq,
+                          sequences=args.sequences, lora_config=args.lora_config)
 
 
 def _write(args, art) -> str:
