@@ -61,12 +61,14 @@ def test_moe_family_matches_transformers(family, tmp_path):
     mod = art.load(str(tmp_path / f"{family}.vmfb"))
     assert art.report.rewrites["group-experts"] == products  # long batches: in blocks of rows of one expert
     # one token (most experts get none), a ragged pair, a longer batch, and batches long
-    # enough for blocks (at least 128 routed rows)
+    # enough for blocks (at least 128 routed rows); ids whose routing is no near-tie, where a
+    # router workloads.decisively_routed knows decides (a tie's expert is a rounding's choice)
+    routed = any(type(m).__name__.endswith("TopKRouter") for m in model.modules())
     for shape in [(1, 1), (2, 7), (3, 16), (8, 32), (5, 27)]:
-        x = torch.randint(0, 128, shape)
         with torch.no_grad():
-            expected = model(x).logits.numpy()
-        assert rel_err(mod(x.numpy()), expected) <= 1e-4, shape
+            x, expected = decisively_routed(model, lambda x: model(x).logits, shape, 1e-5, 50) if routed else \
+                (lambda x: (x, model(x).logits))(torch.randint(0, 128, shape))
+        assert rel_err(mod(x.numpy()), expected.numpy()) <= 1e-4, shape
 
 
 @pytest.mark.parametrize("shape, grouped", [((2, 8), 0), ((4, 40), 4)], ids=["32-rows", "320-rows"])
