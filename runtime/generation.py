@@ -36,11 +36,19 @@ class Generator:
     def step(self, tokens, slots, positions, adapters=None) -> np.ndarray:
         """One call: row b's tokens [B, T] at positions[b].. of cache slot slots[b]; its logits [B, T, V].
         `adapters`: each row's adapter (a multi-tenant residual; None: the base model)."""
-        tokens, slots, positions = (np.ascontiguousarray(v, np.int64) for v in (tokens, slots, positions))
+        try:
+            tokens, slots, positions = (np.ascontiguousarray(v, np.int64) for v in (tokens, slots, positions))
+        except (TypeError, ValueError, OverflowError):
+            raise InputError("a step takes integer token ids [B, T], slots [B] and positions [B]: pass those") from None
+        if tokens.ndim != 2 or slots.shape != positions.shape or slots.shape != tokens.shape[:1]:
+            raise InputError(f"a step takes token ids [B, T] with B slots and B positions, not shapes "
+                             f"{list(tokens.shape)}, {list(slots.shape)} and {list(positions.shape)}: pass one row each")
         if slots.min(initial=0) < 0 or slots.max(initial=0) >= self.sequences:
             raise InputError(f"cache slot {int(slots.max() if slots.max() >= self.sequences else slots.min())} is "
                              f"outside 0..{self.sequences - 1}: the module was compiled for {self.sequences} sequences")
-        if positions.min(initial=0) < 0 or (positions + tokens.shape[1]).max(initial=0) > self.max_seq:
+        if positions.min(initial=0) < 0:
+            raise InputError(f"position {int(positions.min())} is negative: positions count from 0")
+        if (positions + tokens.shape[1]).max(initial=0) > self.max_seq:
             raise InputError(f"tokens at positions up to {int((positions + tokens.shape[1]).max()) - 1} do not fit "
                              f"a cache of {self.max_seq} positions: compile with a larger max_seq")
         inputs = [None] * 3
@@ -61,7 +69,10 @@ class Generator:
         (`seed` fixes the draws); `adapters`: each prompt's adapter (None: the base model)."""
         ends = set() if ignore_eos else set(self.module.generation["eos"] if eos_token_id is None else
                                             np.asarray(eos_token_id).reshape(-1).tolist())
-        prompts = [[int(t) for t in np.asarray(p).reshape(-1)] for p in prompts]
+        try:
+            prompts = [[int(t) for t in np.asarray(p).reshape(-1)] for p in prompts]
+        except (TypeError, ValueError, OverflowError):
+            raise InputError("prompts are sequences of integer token ids: pass e.g. [[1, 5, 9], [7]]") from None
         adapters = list(adapters) if adapters is not None else [None] * len(prompts)
         if len(adapters) != len(prompts):
             raise InputError(f"{len(adapters)} adapters for {len(prompts)} prompts: pass one per prompt (None: the base model)")

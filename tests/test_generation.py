@@ -94,6 +94,12 @@ def test_generation_refuses_what_does_not_fit(llama):
         gen.step([[1, 2]], [0], [63])
     with pytest.raises(InputError, match="outside 0..127"):
         gen.generate([[1, 500]])
+    with pytest.raises(InputError, match="integer token ids"):
+        gen.generate([["a", "b"]])
+    with pytest.raises(InputError, match="one row each"):
+        gen.step([1, 2], [0], [0])
+    with pytest.raises(InputError, match="is negative"):
+        gen.step([[1]], [0], [-1])
 
 
 def test_generate_takes_the_model_alone():
