@@ -68,6 +68,9 @@ class StagedModule(torch.nn.Module):
     def __init__(self, residual, adapter: str | None = None, **load_options):
         super().__init__()
         self.residual = residual if isinstance(residual, ResidualModule) else load(residual, **load_options)
+        if not isinstance(self.residual, ResidualModule):
+            raise InputError("this residual is a generation step, which its Generator drives (gen.generate): "
+                             "wrap a residual compiled without generate=True")
         if adapter is not None and not hasattr(self.residual, "load_adapter"):
             raise InputError(f"adapter {adapter!r} was given for a residual compiled without adapter slots: "
                              "pass adapter=None, or compile with max_adapters")

@@ -35,7 +35,8 @@ def llama(tmp_path_factory):
     torch.manual_seed(0)
     model = small_llama()
     art = stageml.compile(model, generate=True, max_seq=64, sequences=3)
-    return model, art, art.load(str(tmp_path_factory.mktemp("gen") / "llama.vmfb"))
+    path = art.save(str(tmp_path_factory.mktemp("gen") / "llama.vmfb"))
+    return model, art, stageml.load(path), path
 
 
 def test_greedy_generation_matches_transformers(llama):
@@ -43,7 +44,7 @@ def test_greedy_generation_matches_transformers(llama):
     step, and each finished sequence's slot taken by a waiting prompt."""
     seed = torch.seed() % 2 ** 31
     print(f"seed {seed}")
-    model, art, gen = llama
+    model, art, gen, _ = llama
     assert art.generation == {"sequences": 3, "max_seq": 64, "eos": [model.generation_config.eos_token_id],
                               "tokens": "ids", "slots": "slots", "positions": "positions"}
     assert [a["name"] for a in gen.module.inputs] == ["ids", "slots", "positions"]
@@ -56,7 +57,7 @@ def test_greedy_generation_matches_transformers(llama):
 def test_eos_ends_a_sequence(llama):
     """A sequence ends at the model's end-of-sequence token (as transformers' does), at a given one,
     or at max_new_tokens with ignore_eos."""
-    model, _, gen = llama
+    model, _, gen, _ = llama
     prompt = _prompts(1)[0]
     model_eos = model.generation_config.eos_token_id
     model.generation_config.eos_token_id = None
@@ -71,7 +72,7 @@ def test_eos_ends_a_sequence(llama):
 
 
 def test_sampling_is_reproducible_by_seed(llama):
-    _, _, gen = llama
+    _, _, gen, _ = llama
     prompts = _prompts(2)
     first = gen.generate(prompts, max_new_tokens=NEW, temperature=1.5, seed=7)
     assert first == gen.generate(prompts, max_new_tokens=NEW, temperature=1.5, seed=7)
@@ -79,7 +80,7 @@ def test_sampling_is_reproducible_by_seed(llama):
 
 
 def test_generation_refuses_what_does_not_fit(llama):
-    _, _, gen = llama
+    _, _, gen, _ = llama
     with pytest.raises(InputError, match="do not fit the cache's 64 positions"):
         gen.generate([[1] * 60], max_new_tokens=8)
     with pytest.raises(InputError, match="prompt 1 is empty"):
@@ -100,6 +101,13 @@ def test_generation_refuses_what_does_not_fit(llama):
         gen.step([1, 2], [0], [0])
     with pytest.raises(InputError, match="is negative"):
         gen.step([[1]], [0], [-1])
+
+
+def test_a_generation_step_is_no_staged_module(llama):
+    from stageml.interop.torch import StagedModule
+
+    with pytest.raises(InputError, match="which its Generator drives"):
+        StagedModule(llama[3])
 
 
 def test_generate_takes_the_model_alone():
