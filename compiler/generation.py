@@ -7,16 +7,17 @@ Row b's T tokens (a prompt, or one token of a decode step) sit at positions
 positions[b] .. positions[b] + T - 1 of sequence slot slots[b]: each layer writes
 their keys and values there (index_put into its cache buffers
 [sequences, max_seq, kv_heads, head_dim]) and attends over that slot's cache,
-masked to the positions up to each token's own. A step attends over all
-max_seq positions: attending over only the batch's furthest position (a
-dynamic key length) gave wrong logits, as torch-mlir lowers the attention's
-views of tensors with three dynamic dimensions (batch, tokens, keys) as if
-all but one were 1 (llvm/torch-mlir#3852), and collapse-views cannot tell
-which of them a view's sizes name. So prefill and decode are the
+masked to the positions up to each token's own. So prefill and decode are the
 same program (T tokens or one), and rows of one batch may be at different
 positions (continuous batching). The cache buffers are buffers the model
-mutates: request-time state that resident-state keeps in device tables and
-updates in place, shared by every program of the module.
+mutates: request-time state that resident-state keeps in device globals and
+IREE updates in place, shared by every program of the module.
+
+A step attends over all max_seq positions: attending over only the batch's
+furthest position (a dynamic key length) gave wrong logits, as torch-mlir
+lowers the attention's views of tensors with three dynamic dimensions (batch,
+tokens, keys) as if all but one were 1 (llvm/torch-mlir#3852), and
+collapse-views cannot tell which of them a view's sizes name.
 
 Fixed slots, not paged blocks: a slot holds a whole sequence, so a step needs
 no block table (one index per row), and the cache's size is fixed when
