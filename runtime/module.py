@@ -231,6 +231,9 @@ class ResidualModule:
         self._entry_points = {(e["stage"], e["program"]): e for e in described}
         self._inputs = [a for a in self.entry("dynamic")["arguments"] if a["kind"] == "input"]
         self._outputs = [r for r in self.entry("dynamic")["results"] if r["kind"] == "output"]
+        # each output's dimensions (ints and Polynomials), read once; None where the export stated none
+        self._sizes = [None if "sizes" not in r else [s if isinstance(s, int) else manifests.Polynomial.model_validate(s)
+                                                      for s in r["sizes"]] for r in self._outputs]
         self._state = []
         adapter = self.entry("adapter")
         if adapter is not None and self.tenants is None:
@@ -309,13 +312,8 @@ class ResidualModule:
         """Each output's shape for inputs of `shapes` (in input order; ints or torch SymInts), from
         the export's statement of its dimensions (`sizes`); None for an output without one."""
         named = {spec["name"]: shape for spec, shape in zip(self.inputs, shapes)}
-        found = []
-        for output in self.outputs:
-            sizes = output.get("sizes")
-            found.append(None if sizes is None else tuple(
-                size if isinstance(size, int) else manifests.Polynomial.model_validate(size).of(named)
-                for size in sizes))
-        return found
+        return [None if sizes is None else tuple(s if isinstance(s, int) else s.of(named) for s in sizes)
+                for sizes in self._sizes]
 
     def _check_inputs(self, inputs) -> Request:
         specs = self.inputs
