@@ -67,6 +67,7 @@ class Batcher:
         self.generator = generator
         self.waiting = collections.deque()
         self.running = []
+        self.last_call = None  # ("prefill" or "decode", rows) of the latest step's call
         self._free = list(range(generator.sequences))[::-1]
         tenants = generator.module.tenants
         self.max_adapters = tenants["max_adapters"] if tenants is not None else 0
@@ -80,19 +81,23 @@ class Batcher:
         self.generator.check(sequence, label)
         self.waiting.append(sequence)
 
-    def abort(self, sequence: Sequence) -> None:
-        """Takes `sequence` out of the batch (its slot is free for the next step); it ends "abort"."""
+    def abort(self, sequence: Sequence) -> bool:
+        """Takes `sequence` out of the batch (its slot is free for the next step), ending it "abort";
+        whether it had not ended."""
+        if sequence.finish is not None:
+            return False
         if sequence in self.waiting:
             self.waiting.remove(sequence)
         elif sequence in self.running:
             self._leave(sequence)
-        if sequence.finish is None:
-            sequence.finish = "abort"
+        sequence.finish = "abort"
+        return True
 
     def step(self) -> list:
         """One call: the prefill of the waiting sequences that free slots (and the adapter slots)
         admit, if any, else a decode step of every running sequence. Returns the sequences that
         took a token or ended in it; the ended ones have left the batch."""
+        self.last_call = None
         admitted = self._admit()
         if admitted:
             width = max(len(s.prompt) for s in admitted)
@@ -100,11 +105,12 @@ class Batcher:
             logits = self._call(admitted, rows, [0] * len(admitted))
             for b, s in enumerate(logits is not None and admitted or ()):
                 s.take(logits[b, len(s.prompt) - 1])
-            touched = admitted
+            touched, self.last_call = admitted, ("prefill", len(admitted))
         elif self.running:
             touched = list(self.running)
             logits = self._call(touched, [[s.tokens[-1]] for s in touched],
                                 [len(s.prompt) + len(s.tokens) - 1 for s in touched])
+            self.last_call = ("decode", len(touched))
             for b, s in enumerate(logits is not None and touched or ()):
                 s.take(logits[b, -1])
         else:
@@ -115,8 +121,10 @@ class Batcher:
         return touched
 
     def _admit(self) -> list:
-        """Waiting sequences, oldest first, for each free slot; one whose adapter would take the
-        running batch past the module's adapter slots waits for a later step."""
+        """Waiting sequences, oldest first, for each free slot, until one whose adapter would take
+        the running batch past the module's adapter slots: it waits for the running sequences of
+        some adapter to end, and the ones behind it wait with it (first come, first served, so
+        that no adapter starves while others keep the batch busy)."""
         adapters = {s.adapter for s in self.running} - {None}
         admitted = []
         for s in list(self.waiting):
@@ -124,7 +132,7 @@ class Batcher:
                 break
             if s.adapter is not None and s.adapter not in adapters:
                 if len(adapters) == self.max_adapters:
-                    continue
+                    break
                 adapters.add(s.adapter)
             self.waiting.remove(s)
             s.slot = self._free.pop()
