@@ -50,12 +50,12 @@ def _model():
     return model.eval(), tensors
 
 
-def _peft_generate(model, prompts: list, adapters: list) -> list:
+def _peft_generate(model, prompts: list, adapters: list, new: int = NEW) -> list:
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, adapter_names=adapters, max_new_tokens=NEW,
+        out = model.generate(input_ids=ids, attention_mask=mask, adapter_names=adapters, max_new_tokens=new,
                              do_sample=False, pad_token_id=0)
     return out[:, width:].tolist()
 
