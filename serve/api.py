@@ -84,11 +84,24 @@ class UnloadAdapter(BaseModel):
     lora_name: StrictStr = Field(min_length=1)
 
 
-def build_app(engine, model_name: str, adapters: dict | None = None, tokenizer=None, root: str = "") -> FastAPI:
+def build_app(engine, model_name: str, adapters: dict | None = None, tokenizer=None, root: str = "",
+              loader=None, replica: str | None = None) -> FastAPI:
     """The server's app over a started Engine. `model_name`: the base model's name in requests;
-    `adapters`: {name: PEFT directory} already loaded; `tokenizer`: a tokenizers.Tokenizer, or None
-    (token ids only); `root`: what /v1/models names as the base model's source."""
+    `adapters`: {name: PEFT directory} the server serves; `tokenizer`: a tokenizers.Tokenizer, or
+    None (token ids only); `root`: what /v1/models names as the base model's source.
+
+    `loader`: None where `adapters` are loaded already (and the load/unload routes change them);
+    else an async function that makes adapter `name` servable here before its request runs and
+    says whether it loaded it now (Ray Serve's multiplexed loader, serve/ray.py; `adapters` is
+    then the deployment's fixed catalog). `replica`: a name every response carries as the header
+    x-stageml-replica."""
     app = FastAPI(title="stageml serve", docs_url=None, redoc_url=None)
+    if replica is not None:
+        @app.middleware("http")
+        async def name_the_replica(request: Request, call_next):
+            response = await call_next(request)
+            response.headers["x-stageml-replica"] = replica
+            return response
     metrics = Metrics(engine)
     engine.on_step = metrics.step
     paths = dict(adapters or {})
@@ -120,15 +133,20 @@ def build_app(engine, model_name: str, adapters: dict | None = None, tokenizer=N
     async def models():
         card = {"object": "model", "created": created, "owned_by": "stageml", "max_model_len": generator.max_seq}
         return {"object": "list", "data": [{"id": model_name, "root": root, "parent": None, **card}] +
-                [{"id": n, "root": paths.get(n, ""), "parent": model_name, **card}
-                 for n in (generator.adapters if engine.tenants else [])]}
+                [{"id": n, "root": path, "parent": model_name, **card} for n, path in paths.items()]}
+
+    def updatable() -> None:
+        if not engine.tenants:
+            raise ApiError(400, "this model was compiled without adapter slots: compile with --max-adapters to "
+                                "serve adapters")
+        if loader is not None:
+            raise ApiError(400, "this deployment serves a fixed catalog of adapters, loaded on demand: deploy it "
+                                "again with the adapter in its catalog")
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(request: Request):
         body = await _parsed(request, LoadAdapter)
-        if not engine.tenants:
-            raise ApiError(400, "this model was compiled without adapter slots: compile with --max-adapters to "
-                                "serve adapters")
+        updatable()
         if body.lora_name == model_name:
             raise ApiError(400, f"{body.lora_name!r} is the base model's name: pick another adapter name")
         try:
@@ -141,7 +159,8 @@ def build_app(engine, model_name: str, adapters: dict | None = None, tokenizer=N
     @app.post("/v1/unload_lora_adapter")
     async def unload_lora_adapter(request: Request):
         body = await _parsed(request, UnloadAdapter)
-        if not engine.tenants or body.lora_name not in generator.adapters:
+        updatable()
+        if body.lora_name not in paths:
             raise ApiError(404, f"adapter {body.lora_name!r} is not loaded: GET /v1/models lists the adapters",
                            kind="not_found_error", param="lora_name")
         try:
@@ -157,9 +176,15 @@ def build_app(engine, model_name: str, adapters: dict | None = None, tokenizer=N
     async def completions(request: Request):
         arrived = time.perf_counter()
         body = await _parsed(request, CompletionRequest)
-        if body.model != model_name and not (engine.tenants and body.model in generator.adapters):
+        if body.model != model_name and body.model not in paths:
             raise ApiError(404, f"the model {body.model!r} does not exist: GET /v1/models lists the base model "
                                 "and the adapters", kind="not_found_error", param="model")
+        headers = {}
+        if loader is not None and body.model != model_name:
+            try:
+                headers["x-stageml-adapter-loaded"] = str(int(await loader(body.model)))
+            except AdapterError as e:
+                raise ApiError(400, str(e), param="model") from None
         for field, (default, fix) in UNSUPPORTED.items():
             if getattr(body, field) not in (default, "", []):
                 raise ApiError(400, f"{field}: StageML does not implement it: {fix}", param=field)
@@ -195,8 +220,9 @@ def build_app(engine, model_name: str, adapters: dict | None = None, tokenizer=N
         run = _Run(body, sequences, updates, metrics, arrived, tokenizer,
                    f"cmpl-{uuid.uuid4().hex}", int(time.time()))
         if body.stream:
-            return StreamingResponse(run.events(engine), media_type="text/event-stream")
-        return await run.response(engine, request)
+            return StreamingResponse(run.events(engine), media_type="text/event-stream", headers=headers)
+        done = await run.response(engine, request)
+        return Response(status_code=499) if done is None else JSONResponse(done, headers=headers)
 
     return app
 
@@ -282,8 +308,9 @@ class _Run:
             if engine.abort(sequence):
                 self.metrics.requests.labels(self.body.model, "abort").inc()
 
-    async def response(self, engine, request: Request) -> dict:
-        """The whole completion, once every sequence has ended; aborts them if the client leaves."""
+    async def response(self, engine, request: Request) -> dict | None:
+        """The whole completion, once every sequence has ended; None (its sequences aborted) if
+        the client leaves first."""
         open_ = len(self.sequences)
         try:
             while open_:
@@ -291,7 +318,7 @@ class _Run:
                     _, _, finish = await asyncio.wait_for(self._next(), DISCONNECT_POLL)
                 except TimeoutError:
                     if await request.is_disconnected():
-                        return Response(status_code=499)
+                        return None
                     continue
                 open_ -= finish is not None
         finally:
