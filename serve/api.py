@@ -261,6 +261,11 @@ class _Run:
     def __init__(self, body, sequences, updates, metrics, arrived, tokenizer, rid, created):
         self.body, self.sequences, self.updates, self.metrics = body, sequences, updates, metrics
         self.arrived, self.tokenizer, self.id, self.created = arrived, tokenizer, rid, created
+        model = body.model  # its metrics' labelled series, found once
+        self.generated = metrics.generation_tokens.labels(model)
+        self.first_token = metrics.time_to_first_token.labels(model)
+        self.between_tokens = metrics.inter_token_latency.labels(model)
+        self.latency = metrics.e2e_request_latency.labels(model)
         self.last = [None] * len(sequences)  # each sequence's latest token time
         self.tokens = [[] for _ in sequences]  # each sequence's tokens as its updates brought them
         self.texts = [""] * len(sequences)
@@ -269,19 +274,18 @@ class _Run:
     async def _next(self):
         """The next update; records its metrics; raises ApiError(500) where its call failed."""
         index, tokens, finish, error, at = await self.updates.get()
-        model, metrics = self.body.model, self.metrics
         self.tokens[index] += tokens
         self.finish[index] = finish
         if tokens:
-            metrics.generation_tokens.labels(model).inc(len(tokens))
+            self.generated.inc(len(tokens))
             if self.last[index] is None:
-                metrics.time_to_first_token.labels(model).observe(at - self.arrived)
+                self.first_token.observe(at - self.arrived)
             else:
-                metrics.inter_token_latency.labels(model).observe((at - self.last[index]) / len(tokens))
+                self.between_tokens.observe((at - self.last[index]) / len(tokens))
             self.last[index] = at
         if finish is not None:
-            metrics.requests.labels(model, finish).inc()
-            metrics.e2e_request_latency.labels(model).observe(at - self.arrived)
+            self.metrics.requests.labels(self.body.model, finish).inc()
+            self.latency.observe(at - self.arrived)
         if error is not None:
             raise ApiError(500, f"the model call failed: {str(error).splitlines()[0] if str(error) else type(error).__name__}",
                            kind="server_error")

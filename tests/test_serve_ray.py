@@ -35,7 +35,7 @@ def cluster(tmp_path_factory):
     import ray
     from ray import serve
 
-    import stageml.serve.ray
+    from stageml.serve.ray import app
 
     seed = torch.seed() % 2 ** 31
     print(f"seed {seed}")
@@ -59,7 +59,7 @@ def cluster(tmp_path_factory):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(stageml.serve.ray.app(path, {n: str(root / n) for n in TENANTS}, replicas=2,
+        serve.run(app(path, {n: str(root / n) for n in TENANTS}, replicas=2,
                                         adapters_per_replica=2), route_prefix="/")
         yield f"http://127.0.0.1:{port}", prompts, expected
     finally:
