@@ -79,6 +79,7 @@ class Batcher:
     def add(self, sequence: Sequence, label: str = "the prompt") -> None:
         """Queues `sequence` after checking it fits the module (raises InputError naming `label` if not)."""
         self.generator.check(sequence, label)
+        self.generator.check_adapter(sequence)
         self.waiting.append(sequence)
 
     def abort(self, sequence: Sequence) -> bool:
@@ -176,7 +177,7 @@ class Generator:
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     def check(self, sequence: Sequence, label: str = "the prompt") -> None:
-        """Raises InputError, naming `label`, unless `sequence` can run on this module."""
+        """Raises InputError, naming `label`, unless `sequence`'s prompt and limits fit this module."""
         try:
             ids = np.asarray(sequence.prompt).reshape(-1)
         except ValueError:  # ragged
@@ -197,6 +198,9 @@ class Generator:
         if len(prompt) + limit > self.max_seq:
             raise InputError(f"{label} has {len(prompt)} tokens, and {limit} more do not fit the cache's "
                              f"{self.max_seq} positions: shorten it, or compile with a larger max_seq")
+
+    def check_adapter(self, sequence: Sequence) -> None:
+        """Raises InputError unless `sequence`'s adapter is loaded (or it has none)."""
         if sequence.adapter is not None:
             if not self._tenants:
                 raise InputError("an adapter was given for a residual compiled without adapter slots: compile "

@@ -286,6 +286,8 @@ class _Run:
         if finish is not None:
             self.metrics.requests.labels(self.body.model, finish).inc()
             self.latency.observe(at - self.arrived)
+        if isinstance(error, InputError):  # (its adapter unloaded between the request's check and its start)
+            raise ApiError(400, str(error), param="model")
         if error is not None:
             raise ApiError(500, f"the model call failed: {str(error).splitlines()[0] if str(error) else type(error).__name__}",
                            kind="server_error")
@@ -308,9 +310,10 @@ class _Run:
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     def _abort(self, engine) -> None:
-        for sequence in self.sequences:
-            if engine.abort(sequence):
-                self.metrics.requests.labels(self.body.model, "abort").inc()
+        aborted = self.metrics.requests.labels(self.body.model, "abort")
+        for sequence, finish in zip(self.sequences, self.finish):
+            if finish is None:
+                engine.abort(sequence).add_done_callback(lambda done: done.cancelled() or done.result() and aborted.inc())
 
     async def response(self, engine, request: Request) -> dict | None:
         """The whole completion, once every sequence has ended; None (its sequences aborted) if
