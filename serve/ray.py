@@ -50,15 +50,17 @@ class _Resident:
 
 
 def app(module: str, adapters: dict, replicas: int = 2, adapters_per_replica: int = 4,
-        model_name: str | None = None, tokenizer: str | None = None, **serving):
+        model_name: str | None = None, tokenizer: str | None = None, ray_actor_options: dict | None = None,
+        **serving):
     """The Ray Serve application: `replicas` replicas of the generation step at `module`, serving
     the base model (as `model_name`, default the file's stem) and the catalog `adapters`
-    ({name: PEFT directory}, every path readable on every node). `serving`: stageml.load's options."""
+    ({name: PEFT directory}, every path readable on every node). `ray_actor_options`: each
+    replica's resources, as Ray takes them (e.g. {"num_cpus": 4}); `serving`: stageml.load's options."""
     import os
 
     name = model_name or os.path.splitext(os.path.basename(module))[0]
 
-    @serve.deployment(name="stageml", num_replicas=replicas)
+    @serve.deployment(name="stageml", num_replicas=replicas, ray_actor_options=ray_actor_options)
     @serve.ingress()
     class StageMLReplica:
         def __init__(self):
