@@ -104,16 +104,18 @@ class Batcher:
             width = max(len(s.prompt) for s in admitted)
             rows = [s.prompt + [PAD] * (width - len(s.prompt)) for s in admitted]
             logits = self._call(admitted, rows, [0] * len(admitted))
-            for b, s in enumerate(logits is not None and admitted or ()):
-                s.take(logits[b, len(s.prompt) - 1])
+            if logits is not None:
+                for b, s in enumerate(admitted):
+                    s.take(logits[b, len(s.prompt) - 1])
             touched, self.last_call = admitted, ("prefill", len(admitted))
         elif self.running:
             touched = list(self.running)
             logits = self._call(touched, [[s.tokens[-1]] for s in touched],
                                 [len(s.prompt) + len(s.tokens) - 1 for s in touched])
             self.last_call = ("decode", len(touched))
-            for b, s in enumerate(logits is not None and touched or ()):
-                s.take(logits[b, -1])
+            if logits is not None:
+                for b, s in enumerate(touched):
+                    s.take(logits[b, -1])
         else:
             return []
         for s in touched:

@@ -25,6 +25,7 @@ import time
 import uuid
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from stageml.errors import AdapterError, InputError
@@ -117,7 +118,6 @@ def build_app(engine, model_name: str, adapters: dict | None = None, tokenizer=N
     async def api_error(request: Request, error: ApiError):
         return reject(error)
 
-
     @app.get("/health")
     async def health():
         if not engine.alive:
@@ -126,7 +126,6 @@ def build_app(engine, model_name: str, adapters: dict | None = None, tokenizer=N
 
     @app.get("/metrics")
     async def prometheus():
-        from prometheus_client import CONTENT_TYPE_LATEST
         return Response(await asyncio.to_thread(metrics.exposition), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
@@ -179,12 +178,6 @@ def build_app(engine, model_name: str, adapters: dict | None = None, tokenizer=N
         if body.model != model_name and body.model not in paths:
             raise ApiError(404, f"the model {body.model!r} does not exist: GET /v1/models lists the base model "
                                 "and the adapters", kind="not_found_error", param="model")
-        headers = {}
-        if loader is not None and body.model != model_name:
-            try:
-                headers["x-stageml-adapter-loaded"] = str(int(await loader(body.model)))
-            except AdapterError as e:
-                raise ApiError(400, str(e), param="model") from None
         for field, (default, fix) in UNSUPPORTED.items():
             if getattr(body, field) not in (default, "", []):
                 raise ApiError(400, f"{field}: StageML does not implement it: {fix}", param=field)
@@ -195,6 +188,18 @@ def build_app(engine, model_name: str, adapters: dict | None = None, tokenizer=N
         sequences = [Sequence(p, adapter, body.max_tokens or max(generator.max_seq - len(p), 1), temperature, ends,
                               body.seed if body.seed is None or len(prompts) == 1 else (body.seed, i))
                      for i, p in enumerate(prompts)]
+        labels = ["the prompt"] if len(sequences) == 1 else [f"prompt {i}" for i in range(len(sequences))]
+        try:  # before the adapter loads, so that a bad request loads nothing
+            for sequence, label in zip(sequences, labels):
+                generator.check(sequence, label)
+        except InputError as e:
+            raise ApiError(400, str(e), param="prompt") from None
+        headers = {}
+        if loader is not None and adapter is not None:
+            try:
+                headers["x-stageml-adapter-loaded"] = str(int(await loader(adapter)))
+            except AdapterError as e:
+                raise ApiError(400, str(e), param="model") from None
         loop, updates = asyncio.get_running_loop(), asyncio.Queue()
 
         def listener(index: int):
@@ -207,15 +212,8 @@ def build_app(engine, model_name: str, adapters: dict | None = None, tokenizer=N
                                           (index, tokens, sequence.finish, sequence.error, time.perf_counter()))
             return update
 
-        submitted = []
-        try:
-            for i, sequence in enumerate(sequences):
-                engine.submit(sequence, listener(i), "the prompt" if len(sequences) == 1 else f"prompt {i}")
-                submitted.append(sequence)
-        except InputError as e:
-            for sequence in submitted:
-                engine.abort(sequence)
-            raise ApiError(400, str(e), param="prompt") from None
+        for i, (sequence, label) in enumerate(zip(sequences, labels)):
+            engine.submit(sequence, listener(i), label)
         metrics.prompt_tokens.labels(body.model).inc(sum(len(p) for p in prompts))
         run = _Run(body, sequences, updates, metrics, arrived, tokenizer,
                    f"cmpl-{uuid.uuid4().hex}", int(time.time()))

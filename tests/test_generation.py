@@ -2,6 +2,7 @@
 transformers' `generate` token for token, for every row, in batches whose sequences join and
 leave, per tenant adapter; sampling; and the errors. Prompts are drawn fresh (the seed is printed)."""
 
+import numpy as np
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
@@ -166,3 +167,57 @@ def test_stagemlc_compiles_a_save_pretrained_directory(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"stagemlc: error: {str(tmp_path / 'llama')!r} is a directory: a transformers save_pretrained directory "
         "compiles with generate=True (stagemlc --generate)")
+
+
+class _Recorder:
+    """A Generator's stand-in for the Batcher: 3 cache slots, 2 adapter slots; each step's logits
+    make token 7 the next (every row, every position); `fail` makes the next call raise."""
+
+    sequences, max_seq = 3, 64
+
+    def __init__(self):
+        from types import SimpleNamespace
+        self.module = SimpleNamespace(tenants={"max_adapters": 2})
+        self.calls, self.fail = [], False
+
+    def check(self, sequence, label):
+        pass
+
+    def check_adapter(self, sequence):
+        pass
+
+    def step(self, tokens, slots, positions, adapters):
+        if self.fail:
+            self.fail = False
+            raise InputError("the call failed")
+        self.calls.append((tokens, slots, positions, adapters))
+        logits = np.zeros((len(tokens), len(tokens[0]), 8))
+        logits[..., 7] = 1
+        return logits
+
+
+def test_batcher_schedules_first_come_first_served():
+    """Prompts right-padded into one prefill call; a prompt whose adapter would exceed the adapter
+    slots waits, and the ones behind it wait with it; an abort and a failed call free their slots."""
+    from stageml.runtime.generation import PAD, Batcher, Sequence
+
+    recorder = _Recorder()
+    batcher = Batcher(recorder)
+    a, b, c, a2 = (Sequence([1, 2, 3][:n], name, max_tokens=2) for n, name in ((3, "a"), (1, "b"), (2, "c"), (2, "a")))
+    for sequence in (a, b, c, a2):
+        batcher.add(sequence)
+    assert batcher.step() == [a, b]  # c needs a third adapter slot; a2 waits behind it, a cache slot free
+    slots = [a.slot, b.slot]
+    assert recorder.calls[-1] == ([[1, 2, 3], [1, PAD, PAD]], slots, [0, 0], ["a", "b"])
+    assert a.tokens == b.tokens == [7] and batcher.last_call == ("prefill", 2)
+    assert batcher.step() == [a, b] and a.finish == b.finish == "length"  # the decode at positions 3 and 1
+    assert recorder.calls[-1] == ([[7], [7]], slots, [3, 1], ["a", "b"]) and a.slot is None
+    assert batcher.step() == [c, a2]  # both slots free again: c and then a2
+    assert batcher.abort(c) and c.finish == "abort" and not batcher.abort(c)
+    recorder.fail = True
+    assert batcher.step() == [a2] and (a2.finish, str(a2.error)) == ("error", "the call failed")
+    assert not batcher.busy
+    again = [Sequence([5], None) for _ in range(3)]
+    for sequence in again:
+        batcher.add(sequence)
+    assert batcher.step() == again and sorted(s.slot for s in again) == [0, 1, 2]  # every slot free
