@@ -20,9 +20,7 @@ generated tokens of all prompts; time to first token is StageML's first prefill 
 
 import argparse
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +31,7 @@ from peft import LoraConfig, get_peft_model
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import stageml  # noqa: E402
+from harness import cpu_model, report  # noqa: E402
 from workloads import LLAMA_LORA, random_factors, small_llama  # noqa: E402
 
 NEW, ADAPTERS, RUNS = 32, 8, 5
@@ -70,14 +69,6 @@ def _timed(fn) -> float:
     return statistics.median(times)
 
 
-def _cpu() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--report", help="also write the table (Markdown) to this file")
@@ -90,7 +81,7 @@ def main() -> int:
     for name, values in tensors.items():
         gen.load_adapter(name, values, config=model.peft_config[name])
     generator = torch.Generator().manual_seed(1)
-    lines = [f"# Generation on the CPU ({_cpu()}, {os.cpu_count()} cores), torch {torch.__version__}", "",
+    lines = [f"# Generation on the CPU ({cpu_model()}, {os.cpu_count()} cores), torch {torch.__version__}", "",
              f"{NEW} new tokens a prompt, greedy; tokens/s over all prompts; median of {RUNS} runs.", "",
              "| prompts | adapters | StageML tok/s | transformers+PEFT tok/s | ratio | StageML first token ms |",
              "|---:|---:|---:|---:|---:|---:|"]
@@ -109,11 +100,7 @@ def main() -> int:
         lines.append(f"| {count} | {distinct} | {tokens / staged:.0f} | {tokens / peft:.0f} | {peft / staged:.2f}x | "
                      f"{first * 1e3:.2f} |")
         print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.report:
-        with open(args.report, "w") as f:
-            f.write(text)
+    report(lines, args.report)
     return 0
 
 

@@ -42,7 +42,7 @@ import aiohttp  # noqa: E402
 
 import stageml  # noqa: E402
 from bench_generate import ADAPTERS, NEW, _model, _peft_generate  # noqa: E402
-from harness import cpu_model, git_head  # noqa: E402
+from harness import cpu_model, git_head, report, verdict  # noqa: E402
 
 WORKLOADS = ((1, 1), (8, 1), (8, 8), (32, 1), (32, 8))  # (concurrent sequences, adapters)
 TARGET = (8, 8, 3.0)  # the bar: >= 3x PEFT's tokens/s at 8 sequences over 8 adapters
@@ -112,12 +112,8 @@ def main() -> int:
     count, distinct, bound = TARGET
     ratio = next(peft / served for c, d, served, peft, _, _ in rows if (c, d) == (count, distinct))
     lines += ["", f"Target: >= {bound:.0f}x transformers+PEFT at {count} sequences over {distinct} adapters: "
-                  f"{ratio:.2f}x, {'met' if ratio >= bound else 'missed'}."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.report:
-        with open(args.report, "w") as f:
-            f.write(text)
+                  f"{ratio:.2f}x, {verdict(ratio, bound, at_least=True)}."]
+    report(lines, args.report)
     return 0
 
 

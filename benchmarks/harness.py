@@ -208,6 +208,15 @@ def timed(fns: dict, args, label: str):
     return {name: statistics.median(v) for name, v in timings.items()}, others
 
 
+def report(lines: list, path: str | None) -> None:
+    """Prints the Markdown `lines`, and writes them to `path` too if given."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if path:
+        with open(path, "w") as f:
+            f.write(text)
+
+
 def verdict(value: float, bound: float, at_least: bool) -> str:
     """"met" when `value` is at least (or at most) `bound`, else "MISSED"."""
     return "met" if (value >= bound if at_least else value <= bound) else "MISSED"

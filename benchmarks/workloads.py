@@ -59,6 +59,46 @@ def random_factors(peft_model: nn.Module, std: float = 0.05) -> nn.Module:
     return peft_model
 
 
+def llama_tenants(names, seed: int) -> dict:
+    """{name: small_llama() (the weights of seed 0) with its own PEFT LoRA (LLAMA_LORA), the
+    factors random from seed + the name's index}."""
+    from peft import LoraConfig, get_peft_model
+    models = {}
+    for i, name in enumerate(names):
+        torch.manual_seed(0)
+        base = small_llama()
+        torch.manual_seed(seed + i)
+        models[name] = random_factors(get_peft_model(base, LoraConfig(**LLAMA_LORA)), 0.3).eval()
+    return models
+
+
+def greedy(model, prompt: list, new: int, base: bool = False) -> list:
+    """transformers' greedy `generate` of `new` tokens after `prompt` (a PEFT model's with its
+    adapter disabled where `base`)."""
+    import contextlib
+    with torch.no_grad(), model.disable_adapter() if base else contextlib.nullcontext():
+        out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=new, do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+def served_llama(root, names, seed: int, max_seq: int, lengths: tuple, new: int) -> tuple:
+    """A multi-tenant generation step of llama_tenants(names, seed) saved as root/llama.vmfb (4
+    cache slots, 2 adapter slots), each adapter as a PEFT directory root/<name>, prompts of
+    `lengths` drawn from `seed`, and each (prompt index, name or None)'s greedy reference of
+    `new` tokens: (module path, prompts, references)."""
+    import stageml
+    models = llama_tenants(names, seed)
+    for name, model in models.items():
+        model.save_pretrained(root / name)
+    art = stageml.compile(models[names[0]], generate=True, max_seq=max_seq, sequences=4, max_adapters=2, max_rank=8)
+    path = art.save(str(root / "llama.vmfb"))
+    generator = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, 128, (n,), generator=generator).tolist() for n in lengths]
+    expected = {(i, name): greedy(models[name or names[0]], p, new, base=name is None)
+                for i, p in enumerate(prompts) for name in (None, *names)}
+    return path, prompts, expected
+
+
 def _normal(layers: int, shape: tuple, std: float) -> nn.ParameterList:
     return nn.ParameterList([nn.Parameter(nn.init.normal_(torch.empty(*shape), std=std)) for _ in range(layers)])
 

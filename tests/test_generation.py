@@ -9,7 +9,7 @@ from peft import LoraConfig, get_peft_model
 
 import stageml
 from stageml.errors import CompileError, InputError
-from workloads import LLAMA_LORA, random_factors, small_llama
+from workloads import LLAMA_LORA, greedy, llama_tenants, random_factors, small_llama
 
 NEW = 8
 LENGTHS = (5, 1, 9, 3, 7)  # five prompts over three cache slots: sequences join as others leave
@@ -18,17 +18,6 @@ LENGTHS = (5, 1, 9, 3, 7)  # five prompts over three cache slots: sequences join
 def _prompts(seed: int) -> list:
     generator = torch.Generator().manual_seed(seed)
     return [torch.randint(0, 128, (n,), generator=generator).tolist() for n in LENGTHS]
-
-
-def _greedy(model, prompt: list, base: bool = False) -> list:
-    """transformers' greedy generate of NEW tokens (PEFT's with its adapter disabled where `base`)."""
-    with torch.no_grad():
-        if base:
-            with model.disable_adapter():
-                out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)
-        else:
-            out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)
-    return out[0, len(prompt):].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +40,7 @@ def test_greedy_generation_matches_transformers(llama):
     assert [a["name"] for a in gen.module.inputs] == ["ids", "slots", "positions"]
     prompts = _prompts(seed)
     out = gen.generate(prompts, max_new_tokens=NEW)
-    assert out == [_greedy(model, p) for p in prompts]
+    assert out == [greedy(model, p, NEW) for p in prompts]
     assert gen.generate(prompts[:2], max_new_tokens=NEW) == out[:2]  # the cache's old contents do not leak
 
 
@@ -63,7 +52,7 @@ def test_eos_ends_a_sequence(llama):
     model_eos = model.generation_config.eos_token_id
     model.generation_config.eos_token_id = None
     try:
-        expected = _greedy(model, prompt)  # NEW tokens, eos or not
+        expected = greedy(model, prompt, NEW)  # NEW tokens, eos or not
     finally:
         model.generation_config.eos_token_id = model_eos
     eos = expected[2]
@@ -124,12 +113,7 @@ def test_mixed_tenant_generation_matches_peft(tmp_path, policy):
     adapter (merged calls under "auto", where a step's rows share one; per-row factors else)."""
     seed = torch.seed() % 2 ** 31
     print(f"seed {seed}")
-    models = {}
-    for i, name in enumerate("ab"):
-        torch.manual_seed(0)
-        base = small_llama()
-        torch.manual_seed(seed + i)
-        models[name] = random_factors(get_peft_model(base, LoraConfig(**LLAMA_LORA)), 0.3).eval()
+    models = llama_tenants("ab", seed)
     art = stageml.compile(models["a"], generate=True, max_seq=64, sequences=3, max_adapters=2, max_rank=8)
     gen = art.load(str(tmp_path / "tenants.vmfb"), policy=policy)
     for name, model in models.items():
@@ -137,7 +121,7 @@ def test_mixed_tenant_generation_matches_peft(tmp_path, policy):
                          config=model.peft_config["default"])
     prompts, adapters = _prompts(seed), ["a", "b", None, "b", "a"]
     out = gen.generate(prompts, adapters=adapters, max_new_tokens=NEW)
-    assert out == [_greedy(models[a or "a"], p, base=a is None) for p, a in zip(prompts, adapters)]
+    assert out == [greedy(models[a or "a"], p, NEW, base=a is None) for p, a in zip(prompts, adapters)]
 
 
 def test_stagemlc_compiles_a_save_pretrained_directory(tmp_path, capsys):
@@ -162,7 +146,7 @@ def test_stagemlc_compiles_a_save_pretrained_directory(tmp_path, capsys):
     gen.load_adapter("a", str(tmp_path / "adapter"))
     prompts = _prompts(seed)[:3]
     out = gen.generate(prompts, adapters=["a", None, "a"], max_new_tokens=NEW)
-    assert out == [_greedy(peft, p, base=a is None) for p, a in zip(prompts, ["a", None, "a"])]
+    assert out == [greedy(peft, p, NEW, base=a is None) for p, a in zip(prompts, ["a", None, "a"])]
     assert stagemlc.main([str(tmp_path / "llama"), "-o", str(tmp_path / "x.vmfb"), "-q"]) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"stagemlc: error: {str(tmp_path / 'llama')!r} is a directory: a transformers save_pretrained directory "

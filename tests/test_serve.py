@@ -18,25 +18,14 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
 
 import stageml
-from workloads import LLAMA_LORA, random_factors, small_llama
+from workloads import served_llama
 
 NEW = 8  # tokens a completion
 MAX_SEQ = 512  # long enough that a 500-token stream is still running when its client leaves
 TENANTS = "abc"  # a and b loaded at start, c loaded and unloaded by the tests
 BASE = "llama"
-
-
-def _greedy(model, prompt: list, base: bool) -> list:
-    with torch.no_grad():
-        if base:
-            with model.disable_adapter():
-                out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)
-        else:
-            out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)
-    return out[0, len(prompt):].tolist()
 
 
 def _tokenizer(path: Path) -> None:
@@ -70,20 +59,8 @@ def server(tmp_path_factory):
     seed = torch.seed() % 2 ** 31
     print(f"seed {seed}")
     root = tmp_path_factory.mktemp("serve")
-    models = {}
-    for i, name in enumerate(TENANTS):
-        torch.manual_seed(0)
-        base = small_llama()
-        torch.manual_seed(seed + i)
-        models[name] = random_factors(get_peft_model(base, LoraConfig(**LLAMA_LORA)), 0.3).eval()
-        models[name].save_pretrained(root / name)
-    art = stageml.compile(models["a"], generate=True, max_seq=MAX_SEQ, sequences=4, max_adapters=2, max_rank=8)
-    path = art.save(str(root / "llama.vmfb"))
+    path, prompts, expected = served_llama(root, TENANTS, seed, MAX_SEQ, (1, 4, 7, 12), NEW)
     _tokenizer(root / "tokenizer.json")
-    generator = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(0, 128, (n,), generator=generator).tolist() for n in (1, 4, 7, 12)]
-    expected = {(i, name): _greedy(models[name or "a"], p, base=name is None)
-                for i, p in enumerate(prompts) for name in (None, *TENANTS)}
     command = [str(Path(sys.executable).parent / "stageml"), "serve", path, "--port", "0",
                "--adapter", f"a={root / 'a'}", "--adapter", f"b={root / 'b'}", "--tokenizer", str(root / "tokenizer.json")]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

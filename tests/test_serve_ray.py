@@ -10,23 +10,11 @@ import time
 import httpx
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
 
-import stageml
-from workloads import LLAMA_LORA, random_factors, small_llama
+from workloads import served_llama
 
 NEW = 6
 TENANTS = "abc"
-
-
-def _greedy(model, prompt: list, base: bool) -> list:
-    with torch.no_grad():
-        if base:
-            with model.disable_adapter():
-                out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)
-        else:
-            out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)
-    return out[0, len(prompt):].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -40,19 +28,7 @@ def cluster(tmp_path_factory):
     seed = torch.seed() % 2 ** 31
     print(f"seed {seed}")
     root = tmp_path_factory.mktemp("ray")
-    models = {}
-    for i, name in enumerate(TENANTS):
-        torch.manual_seed(0)
-        base = small_llama()
-        torch.manual_seed(seed + i)
-        models[name] = random_factors(get_peft_model(base, LoraConfig(**LLAMA_LORA)), 0.3).eval()
-        models[name].save_pretrained(root / name)
-    art = stageml.compile(models["a"], generate=True, max_seq=64, sequences=4, max_adapters=2, max_rank=8)
-    path = art.save(str(root / "llama.vmfb"))
-    generator = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(0, 128, (n,), generator=generator).tolist() for n in (2, 5, 9)]
-    expected = {(i, name): _greedy(models[name or "a"], p, base=name is None)
-                for i, p in enumerate(prompts) for name in (None, *TENANTS)}
+    path, prompts, expected = served_llama(root, TENANTS, seed, 64, (2, 5, 9), NEW)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
