@@ -76,14 +76,17 @@ class Engine:
             return self._listeners.pop(sequence, None) is not None and self._batcher.abort(sequence)
         return self._command(abort)
 
-    def load_adapter(self, name: str, source) -> None:
-        """Registers adapter `name` from a PEFT directory (AdapterError if the name is taken or it
-        does not load); returns once it is loaded."""
+    def load_adapter(self, name: str, source, exist_ok: bool = False) -> bool:
+        """Registers adapter `name` from a PEFT directory once the engine gets to it (AdapterError if
+        it does not load, or if the name is taken, unless `exist_ok`); whether it loaded it now."""
         def load():
             if name in self.generator.adapters:
+                if exist_ok:
+                    return False
                 raise AdapterError(f"adapter {name!r} is already loaded: unload it first, or pick another name")
             self.generator.load_adapter(name, source)
-        self._command(load).result()
+            return True
+        return self._command(load).result()
 
     def unload_adapter(self, name: str) -> None:
         """Forgets adapter `name` (AdapterError if unknown; AdapterInUse while requests use it)."""

@@ -25,10 +25,11 @@ this runs on a multi-node cluster.
 """
 
 import asyncio
+import os
 
 from ray import serve
 
-from stageml.errors import AdapterError
+from stageml.errors import AdapterError, InputError
 from stageml.serve import open_generator, read_tokenizer
 from stageml.serve.api import build_app
 from stageml.serve.engine import AdapterInUse, Engine
@@ -37,8 +38,9 @@ from stageml.serve.engine import AdapterInUse, Engine
 class _Resident:
     """An adapter a replica holds for Ray's multiplexing; unloaded when Ray drops it (LRU)."""
 
-    def __init__(self, engine: Engine, name: str):
+    def __init__(self, engine: Engine, name: str, loaded: bool):
         self.engine, self.name, self.held = engine, name, True
+        self.loaded = loaded  # whether this replica loaded it for this (until the first request says so)
 
     def __del__(self):  # called by Ray when it drops the adapter, then by the collector: once is enough
         if self.held:
@@ -56,8 +58,6 @@ def app(module: str, adapters: dict, replicas: int = 2, adapters_per_replica: in
     the base model (as `model_name`, default the file's stem) and the catalog `adapters`
     ({name: PEFT directory}, every path readable on every node). `ray_actor_options`: each
     replica's resources, as Ray takes them (e.g. {"num_cpus": 4}); `serving`: stageml.load's options."""
-    import os
-
     name = model_name or os.path.splitext(os.path.basename(module))[0]
 
     @serve.deployment(name="stageml", num_replicas=replicas, ray_actor_options=ray_actor_options)
@@ -68,13 +68,12 @@ def app(module: str, adapters: dict, replicas: int = 2, adapters_per_replica: in
 
         @serve.multiplexed(max_num_models_per_replica=adapters_per_replica)
         async def resident(self, adapter: str) -> _Resident:
-            if adapter not in self.engine.generator.adapters:
-                await asyncio.to_thread(self.engine.load_adapter, adapter, adapters[adapter])
-            return _Resident(self.engine, adapter)
+            loaded = await asyncio.to_thread(self.engine.load_adapter, adapter, adapters[adapter], exist_ok=True)
+            return _Resident(self.engine, adapter, loaded)
 
         async def load(self, adapter: str) -> bool:
-            fresh = adapter not in self.engine.generator.adapters
-            await self.resident(adapter)
+            resident = await self.resident(adapter)
+            fresh, resident.loaded = resident.loaded, False
             return fresh
 
         def __serve_build_asgi_app__(self):
@@ -91,6 +90,8 @@ def app(module: str, adapters: dict, replicas: int = 2, adapters_per_replica: in
 def build(args: dict):
     """`serve run stageml.serve.ray:build module=... adapters=NAME=DIR,... replicas=N adapters_per_replica=N
     [model_name=...] [tokenizer=...]`: app() from Ray's string arguments."""
+    if "module" not in args:
+        raise InputError("stageml.serve.ray:build needs module=PATH (the .vmfb stagemlc --generate wrote)")
     adapters = dict(item.split("=", 1) for item in args.get("adapters", "").split(",") if item)
     return app(args["module"], adapters, int(args.get("replicas", 2)), int(args.get("adapters_per_replica", 4)),
                args.get("model_name"), args.get("tokenizer"))
