@@ -42,16 +42,18 @@ def read_tokenizer(path: str):
 
 def listen(host: str, port: int) -> socket.socket:
     """A listening TCP socket on host:port (port 0: any free one)."""
+    sock = None
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        family, _, _, _, address = infos[0]
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
+        sock.listen(2048)
     except (OSError, UnicodeError) as e:
+        if sock is not None:
+            sock.close()
         raise StageMLError(f"cannot listen on {host}:{port} ({getattr(e, 'strerror', None) or e}): "
                            "pick another --host or --port") from None
-    sock.listen(2048)
     return sock
 
 
