@@ -264,8 +264,35 @@ def llama(art_dir: str, scratch: str) -> list:
         row["eager"] = bench_torch(lambda: model(ids))
         rows.append(row)
         print(row, flush=True)
+    staged_modules(art_dir, reference)
     tenants(art_dir, model)
     return rows
+
+
+def staged_modules(art_dir: str, reference) -> None:
+    """stageml.torch on the GPU: a StagedModule takes and returns CUDA tensors, eagerly and
+    inside a torch.compile'd program; a multi-tenant one serves an adapter."""
+    from stageml.torch import StagedModule
+
+    ids = torch.randint(0, 128, (2, 16), device="cuda")
+    with torch.no_grad():
+        expected = reference(ids)
+    staged = StagedModule(os.path.join(art_dir, "llama-f16-sm90.vmfb"))
+    logits = staged(ids)
+    check(f"stageml.torch StagedModule sm90, CUDA ids in, a {logits.device.type} tensor out",
+          rel_err(logits, expected) if logits.device.type == "cuda" else float("inf"), BOUNDS["f16"])
+    program = torch.compile(lambda ids: staged(ids).float().log_softmax(-1), fullgraph=True)
+    check("stageml.torch StagedModule sm90 inside torch.compile (fullgraph)",
+          rel_err(program(ids), expected.log_softmax(-1)), BOUNDS["f16"])
+    peft = copy.deepcopy(reference.m)
+    peft.load_adapter(os.path.join(art_dir, "adapters", "t1"), adapter_name="t1")
+    peft.set_adapter("t1")
+    peft.double()
+    with torch.no_grad():
+        expected = peft(input_ids=ids, use_cache=False).logits
+    tenant = StagedModule(tenant_module(art_dir, "llama-tenants-f16-sm90", "factorized", ["t1"]), adapter="t1")
+    check("stageml.torch StagedModule sm90, multi-tenant residual, adapter t1 on CUDA ids",
+          rel_err(tenant(ids), expected), BOUNDS["f16"])
 
 
 def linear_tenants(art_dir: str) -> dict:
