@@ -13,6 +13,11 @@
     layer = stageml.torch.StagedModule("out/residual.vmfb")   # an nn.Module (a torch custom op)
 """
 
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+
 from stageml.binding_time import BindingTime
 from stageml.compiler.options import CompileOptions
 from stageml.errors import StageMLError
@@ -65,9 +70,27 @@ def compile(model, args=None, *, dynamic_shapes=None, **options):
 def __getattr__(name: str):
     """`stageml.torch` (interop/torch.py), imported on first use."""
     if name == "torch":
-        from stageml.interop import torch as module
-        return module
+        return importlib.import_module("stageml.interop.torch")
     raise AttributeError(f"module 'stageml' has no attribute {name!r}")
+
+
+class _TorchInterop(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Lets `import stageml.torch` and `from stageml.torch import StagedModule` find interop/torch.py,
+    which a file named torch.py beside this one cannot hold: it would shadow PyTorch wherever this
+    directory is on sys.path."""
+
+    def find_spec(self, name, path=None, target=None):
+        return importlib.util.spec_from_loader(name, self) if name == "stageml.torch" else None
+
+    def create_module(self, spec):
+        return importlib.import_module("stageml.interop.torch")
+
+    def exec_module(self, module):
+        pass
+
+
+if not any(isinstance(finder, _TorchInterop) for finder in sys.meta_path):
+    sys.meta_path.append(_TorchInterop())
 
 
 __all__ = ["BindingTime", "CompileOptions", "StageMLError", "ResidualModule", "compile", "load"]

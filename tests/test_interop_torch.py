@@ -14,6 +14,14 @@ from stageml.errors import InputError
 from stageml.interop.torch import StagedModule, residual_op
 
 
+def test_stageml_torch_imports_as_a_module():
+    """`stageml.torch` is interop/torch.py by attribute and by import statement alike."""
+    from stageml.torch import StagedModule as imported
+
+    import stageml.torch as module
+    assert imported is StagedModule and module is stageml.torch and module.residual_op is residual_op
+
+
 def _seeded() -> int:
     seed = torch.seed()
     print(f"seed {seed}")

@@ -272,8 +272,7 @@ def llama(art_dir: str, scratch: str) -> list:
 def staged_modules(art_dir: str, reference) -> None:
     """stageml.torch on the GPU: a StagedModule takes and returns CUDA tensors, eagerly and
     inside a torch.compile'd program; a multi-tenant one serves an adapter."""
-    from stageml.torch import StagedModule
-
+    StagedModule = stageml.torch.StagedModule
     ids = torch.randint(0, 128, (2, 16), device="cuda")
     with torch.no_grad():
         expected = reference(ids)
