@@ -1590,11 +1590,12 @@ __device__ __forceinline__ void gemm_wgmma(const T* x, const T* w, T* y, int M, 
   } else {
     const int tile = wg_tile_rows(M);
     const int rows = min(tile, M - static_cast<int>(blockIdx.z) * tile);
-    if (rows <= 16) wgmma_path<T, 16>(x, w, y, M, K, N, ex, wg_smem, sh);
+    if (M > kWgNarrowMaxM && M <= kWgSplitMaxM)  // the grid's blocks are 128 columns: every tile so
+      wgmma_path<T, 128, 2 * kWgCols>(x, w, y, M, K, N, ex, wg_smem, sh);
+    else if (rows <= 16) wgmma_path<T, 16>(x, w, y, M, K, N, ex, wg_smem, sh);
     else if (rows <= 32) wgmma_path<T, 32>(x, w, y, M, K, N, ex, wg_smem, sh);
     else if (rows <= 64) wgmma_path<T, 64>(x, w, y, M, K, N, ex, wg_smem, sh);
-    else if (M <= kWgNarrowMaxM) wgmma_path<T, 128>(x, w, y, M, K, N, ex, wg_smem, sh);
-    else if (M <= kWgSplitMaxM) wgmma_path<T, 128, 2 * kWgCols>(x, w, y, M, K, N, ex, wg_smem, sh);
+    else if (rows <= 128) wgmma_path<T, 128>(x, w, y, M, K, N, ex, wg_smem, sh);
     else wgmma_path<T, 256>(x, w, y, M, K, N, ex, wg_smem, sh);
   }
   if (sh) {
