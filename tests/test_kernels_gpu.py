@@ -62,8 +62,7 @@ GEMM = ([(M, K, N, ()) for M, K, N in TIMED + ODD]
 WGMMA = ([(M, 4096, 4096, ()) for M in (1, 2, 3, 4, 5, 8, 9, 16, 17, 31, 32, 33, 63, 64, 65, 100, 127, 128,
                                           129, 130, 161, 193, 200, 255, 256, 257, 300, 513)]
          + [(5, 256, 64, ()), (37, 512, 384, ()), (300, 768, 192, ()), (1, 11008, 4096, ()), (17, 4096, 11008, ()),
-            (129, 512, 320, ()),  # 128 columns a block, the last one's second strip past N
-            (513, 256, 64, ()),  # column pairs sharing x, one block past N
+            (129, 512, 320, ()), (513, 256, 64, ()),  # column pairs sharing x, one block past N
             (5, 512, 256, ("x",)), (70, 256, 128, ("w",)), (3, 256, 64, ("y",)), (0, 256, 128, ())])
 # (M, K, N, R, misaligned)
 LORA = ([(M, K, N, kc.RANK, ()) for M, K, N in TIMED] + [(M, K, N, R, ()) for M, K, N in ODD for R in RANKS]
@@ -140,8 +139,7 @@ def test_gemm_wgmma(kernels, dtype, M, K, N, misaligned):
 # stageml_gemm_expand: (M, K, N, R, ids given, misaligned); slot 0 is the base model (zeros)
 EXPAND = [(M, 4096, 4096, 16, M, ()) for M in (1, 7, 32, 128, 140, 256, 300)] + [
     (5, 256, 64, 8, 5, ()), (37, 512, 384, 13, 37, ()), (9, 256, 128, 4, 4, ()), (3, 256, 128, 16, 3, ("x",)),
-    (200, 512, 192, 8, 150, ()),  # 128 columns a block, the last one's second strip past N
-    (300, 256, 64, 4, 300, ()),  # column pairs sharing x, one block past N
+    (200, 512, 192, 8, 150, ()), (300, 256, 64, 4, 300, ()),  # column pairs sharing x, one block past N
     (0, 256, 128, 16, 0, ())]
 
 

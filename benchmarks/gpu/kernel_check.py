@@ -60,8 +60,7 @@ def grid(M: int, N: int) -> tuple:
 
 def wgmma_grid(M: int, N: int) -> tuple:
     """stageml_gemm_wgmma's grid (kernels.cu): clusters of 2 blocks along x, the 2 halves of K of
-    64 columns where M <= 128, of 128 columns and 128 rows where M <= 256, else 2 column tiles of 64
-    over tiles of 256 rows."""
+    64 columns where M <= 128, else 2 column tiles of 64 over tiles of 128 rows (256 past 256 rows)."""
     if M <= WG_SPLIT_MAX_M:
         return (WG_PAIR * math.ceil(N / WG_COLS), 1, 1)
     rows = 128 if M <= 256 else 256

@@ -21,9 +21,9 @@
 // 64x64 tile; for the wgmma GEMM and the GEMM with a fused expand, clusters of
 // 2 blocks along x (the cluster shape is compiled into the kernel): where
 // M <= 128, (2 ceil(N/64), 1, 1), a cluster the two halves of K of 64 columns;
-// else (2 ceil(N/128), 1, ceil(M/rows)), rows 128 (256 past 256 rows): up to
-// 256 rows a cluster the two halves of K of 128 columns, past them two column
-// tiles of 64 that share x (the multi-tenant LoRA kernel: the same). Each block has 197632 bytes (the LoRA kernel: 230656) of
+// else (2 ceil(N/128), 1, ceil(M/rows)), rows 128 (256 past 256 rows), a
+// cluster two column tiles of 64 that share x (the multi-tenant LoRA kernel:
+// the same). Each block has 197632 bytes (the LoRA kernel: 230656) of
 // dynamic shared memory, which IREE's CUDA runtime sets and launches with
 // (`workgroup_local_memory`); for BGMV, clusters of 8 along z (the k-chunks), one
 // per 32 columns of each row, or of each 16 rows past 64 rows.

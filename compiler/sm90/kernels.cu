@@ -68,9 +68,8 @@
 //   gemm_wgmma, gemm_expand, gemm_lora: clusters of (2, 1, 1) (compiled in), 197632 (gemm_lora:
 //                230656) bytes of dynamic
 //                shared memory; M <= 128: (2 ceil(N / 64), 1, 1) (a cluster: the two halves
-//                of K of 64 columns); 128 < M <= 256: (2 ceil(N / 128), 1, ceil(M / 128)) (a
-//                cluster: the two halves of K of 128 columns and 128 rows); M > 256:
-//                (2 ceil(N / 128), 1, ceil(M / 256)) (a cluster: two column tiles of 64 sharing x).
+//                of K of 64 columns); M > 128: (2 ceil(N / 128), 1, ceil(M / rows)), rows
+//                128 up to 256 rows, else 256 (a cluster: two column tiles of 64 sharing x).
 //
 // Caller guarantees: K and N multiples of 64 (gemm_wgmma, gemm_expand, gemm_lora: K of 256); 0 <= M;
 // lora, gemm_lora: 1 <= R <= 32; gemm_expand: 1 <= R; M*K, K*N, M*N < 2^31; pointers aligned to their
@@ -990,12 +989,11 @@ __device__ __forceinline__ void bgmv(const T* x, const int64_t* ids, const T* ta
 
 // ---- wgmma path (stageml_gemm_wgmma) ------------------------------------------
 
-constexpr int kWgCols = 64;        // columns of w (the wgmma M side) per warpgroup
+constexpr int kWgCols = 64;        // columns of w (the wgmma M side) per block
 constexpr int kWgPair = 2;         // blocks per cluster (along x)
-constexpr int kWgNarrowMaxM = 128; // M at most this: a block's warpgroups share 64 columns, all M rows
-constexpr int kWgSplitMaxM = 256;  // M at most this: a pair splits K; else it is 2 column tiles sharing x
-// Rows of x per block past kWgNarrowMaxM rows: more rows take more blocks along z.
-__device__ __forceinline__ int wg_tile_rows(int M) { return M <= kWgNarrowMaxM ? M : M <= kWgSplitMaxM ? 128 : 256; }
+constexpr int kWgSplitMaxM = 128;  // M at most this: a pair splits K; else it is 2 column tiles sharing x
+// Rows of x per block where a pair shares x (M > kWgSplitMaxM): more rows take more blocks along z.
+__device__ __forceinline__ int wg_tile_rows(int M) { return M <= 256 ? 128 : 256; }
 constexpr int kWgRing = 196608;    // bytes of shared memory for the pipeline stages
 constexpr int kWgSmem = kWgRing + 1024;  // and the stages' mbarriers (hopper.mlir: workgroup_local_memory)
 constexpr int kWgRedLd = kWgCols + 4;    // f32 row stride of the partial tiles (conflict-free)
@@ -1003,12 +1001,10 @@ constexpr int kWgTileBytes = kTileW * kTileW * 2;  // one 64 x 64 tile of w
 constexpr int kWgThreads = kThreads + 32;  // 2 warpgroups that compute and a producer warp
 constexpr int kLoraThreads = kWgThreads + 32;  // gemm_lora: and a warp for the shrink
 
-// k per pipeline stage (two tiles of w while x is small, else one) and stages (at most 8), for
-// blocks of NT rows and CB columns.
+// k per pipeline stage (two tiles of w while x is small, else one) and stages (at most 8).
 template <int NT> constexpr int kWgK = NT <= 64 ? 2 * kTileW : kTileW;
-template <int NT, int CB> constexpr int kWgStageBytes = kWgK<NT> * (CB + NT) * 2;
-template <int NT, int CB>
-constexpr int kWgStages = kWgRing / kWgStageBytes<NT, CB> < 8 ? kWgRing / kWgStageBytes<NT, CB> : 8;
+template <int NT> constexpr int kWgStageBytes = kWgK<NT> * (kWgCols + NT) * 2;
+template <int NT> constexpr int kWgStages = kWgRing / kWgStageBytes<NT> < 8 ? kWgRing / kWgStageBytes<NT> : 8;
 
 // A shared-memory matrix descriptor, no swizzle: 8x8 core matrices (8 rows of 16 bytes,
 // contiguous), `sbo` bytes apart along M (w's strips) or N (x's rows), 128 bytes along k.
@@ -1162,19 +1158,17 @@ STAGEML_WGMMA_SHAPE(256,
                     "%130", STAGEML_D64(0), STAGEML_D64(64))
 
 
-// One stage's k16 steps by warpgroup wg (< 2) into d, from w's CB/64 strips of KD/64 tiles at ws
-// and x's KD/64 swizzled blocks at xs; one wgmma group, committed. CB = 64: the warpgroups share
-// the strip, wg taking steps [wg * KS/2, (wg+1) * KS/2); CB = 128: strip wg, every step.
-template <typename T, int NT, int KD, int CB>
+// The k16 steps of one stage by warpgroup wg (< 2) into d: steps [wg * KS/2, (wg+1) * KS/2) of
+// w's KD/64 tiles at ws and x's KD/64 swizzled blocks at xs; one wgmma group, committed.
+template <typename T, int NT, int KD>
 __device__ __forceinline__ void wgmma_stage(float (&d)[NT / 2], const uint8_t* ws, const uint8_t* xs, int wg) {
-  constexpr int KS = KD / 16, STEPS = CB == kWgCols ? KS / 2 : KS;
+  constexpr int KS = KD / 16;
   wgmma_fence_operands(d);
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-  for (int i = 0; i < STEPS; ++i) {
-    const int j = CB == kWgCols ? wg * STEPS + i : i;  // k16 step: tile j / 4 of w, k-groups 2 (j % 4) and on
-    const uint8_t* strip = CB == kWgCols ? ws : ws + wg * (KD / 64) * kWgTileBytes;
-    Wgmma<NT>::template run<T>(d, wg_desc(strip + j / 4 * kWgTileBytes + j % 4 * 256, 1024),
+  for (int i = 0; i < KS / 2; ++i) {
+    const int j = wg * (KS / 2) + i;  // k16 step: tile j / 4 of w, k-groups 2 (j % 4) and on
+    Wgmma<NT>::template run<T>(d, wg_desc(ws + j / 4 * kWgTileBytes + j % 4 * 256, 1024),
                                wg_desc_sw128(xs + j / 4 * NT * 128 + j % 4 * 32));
   }
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -1393,25 +1387,21 @@ template <typename T> struct Shrink {
   }
 };
 
-// One block: y^T[n0 .. n0+CB, m0 .. m0+NT]. Warpgroups 0 and 1 (threads 0-255) compute: with CB =
-// 64 columns, warpgroup g takes the k16 steps [g * KS/2, (g+1) * KS/2) of every stage; with CB =
-// 128 (128 < M <= 256), columns n0 + 64g.. over every step. Warp 8 (threads 256-287) is the
+// One block: y^T[n0 .. n0+64, m0 .. m0+NT]. Warpgroups 0 and 1 (threads 0-255) compute, warpgroup
+// g taking the k16 steps [g * KS/2, (g+1) * KS/2) of every stage; warp 8 (threads 256-287) is the
 // producer where x comes by TMA. The two blocks of a cluster (rank = blockIdx.x % 2) are either
-// (split, M <= 256) the two halves of K of one column tile, their partial tiles summed through
-// distributed shared memory, or (shared) two neighbouring column tiles over all of K that share x:
-// stage kt's rows are copied by the block of rank kt % 2 and multicast to both, and a slot is
-// refilled only once both blocks are done with it. A block past N's columns (odd N/64) still
-// copies its share. (Measured, 4096², 129-256 rows: 128 columns a block take 22.5-23.2 µs where 64
-// columns and two tiles sharing x took 24.6-25.3: each block takes in 1 MB of w and x, not 1.5.)
+// (split) the two halves of K of one column tile, their partial tiles summed through distributed
+// shared memory, or (shared) two neighbouring column tiles over all of K that share x: stage kt's
+// rows are copied by the block of rank kt % 2 and multicast to both, and a slot is refilled only
+// once both blocks are done with it. A block past N's columns (odd N/64) still copies its share.
 // With `sh` (gemm_lora), the compute warps first take their share of the shrink, and the epilogue
 // expands each row's t from shared memory.
-template <typename T, int NT, int CB = kWgCols>
+template <typename T, int NT>
 __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, int K, int N, Expand<T> ex,
                                            uint8_t* smem, const Shrink<T>* sh) {
-  constexpr int S = kWgStages<NT, CB>, KD = kWgK<NT>;
-  constexpr int W_BYTES = CB * KD * 2, X_BYTES = NT * KD * 2, STRIP_BYTES = kWgCols * KD * 2;
-  static_assert((CB == kWgCols || (CB == 2 * kWgCols && NT >= 64)) && S >= 3 && S <= 16 &&
-                    S * (W_BYTES + X_BYTES) <= kWgRing && 2 * NT * kWgRedLd * 4 <= kWgRing &&
+  constexpr int S = kWgStages<NT>, KD = kWgK<NT>;
+  constexpr int W_BYTES = kWgCols * KD * 2, X_BYTES = NT * KD * 2;
+  static_assert(S >= 3 && S <= 16 && S * (W_BYTES + X_BYTES) <= kWgRing && 2 * NT * kWgRedLd * 4 <= kWgRing &&
                     kWgRing + 384 <= kWgSmem, "shared memory: the ring, then full barriers, x's tensor map, empty barriers");
   uint8_t* wst = smem;
   uint8_t* xst = smem + S * W_BYTES;
@@ -1420,13 +1410,12 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
   const int tid = threadIdx.x, wg = tid >> 7;
   const uint32_t rank = cluster_rank();
   const bool split = M <= kWgSplitMaxM;
-  const int n0 = split ? blockIdx.x / kWgPair * CB : blockIdx.x * kWgCols;
-  const int m0 = blockIdx.z * wg_tile_rows(M), rows = min(NT, M - m0);
+  const int n0 = (split ? blockIdx.x / kWgPair : blockIdx.x) * kWgCols;
+  const int m0 = split ? 0 : blockIdx.z * wg_tile_rows(M), rows = min(NT, M - m0);
   const int k_begin = split ? static_cast<int>(rank) * (K / kWgPair) : 0, KT = (split ? K / kWgPair : K) / KD;
-  const int strips = max(0, min(CB, N - n0)) / kWgCols;  // of w's 64 columns (none past N)
-  const bool has_w = strips > 0, multicast = !split && NT >= 64;
+  const bool has_w = n0 < N, multicast = !split && NT >= 64;
   // Stage kt: k-block kt, or with tiles of 256 rows (kt + pair) % KT (the pairs start at different
-  // k); each strip's KD/64 tiles of w (contiguous: one bulk copy) and x's rows as KD/64 blocks [NT][128 bytes]
+  // k); w's KD/64 tiles (contiguous: one bulk copy) and x's rows as KD/64 blocks [NT][128 bytes]
   // of 64 k in the 128-byte swizzle. (Measured, 4096²: every pair from k = 0 is 0.4-1.6 µs faster
   // at 64-256 rows, the staggered start 0.8 µs faster at 512.)
   const int stagger = NT == 256 ? static_cast<int>(blockIdx.x) / kWgPair : 0;
@@ -1458,10 +1447,8 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
         for (int kt = 0; kt < KT; ++kt) {
           const int slot = kt % S, k0 = k_of(kt);
           if (kt >= S) mbar_wait(&empty[slot], (kt / S - 1) & 1);
-          mbar_expect_tx(&full[slot], strips * STRIP_BYTES + rows * KD * 2);
-          for (int c = 0; c < strips; ++c)
-            bulk_copy(wst + slot * W_BYTES + c * STRIP_BYTES, w + w_at(k0, n0 + c * kWgCols, K), STRIP_BYTES,
-                      &full[slot]);
+          mbar_expect_tx(&full[slot], (has_w ? W_BYTES : 0) + rows * KD * 2);
+          if (has_w) bulk_copy(wst + slot * W_BYTES, w + w_at(k0, n0, K), W_BYTES, &full[slot]);
           if (!multicast || kt % kWgPair == static_cast<int>(rank))
             for (int h = 0; h < KD / 64; ++h) {
               uint8_t* dst = xst + slot * X_BYTES + h * NT * 128;
@@ -1475,7 +1462,7 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
       for (int kt = 0; kt < KT; ++kt) {
         const int slot = kt % S;
         mbar_wait(&full[slot], (kt / S) & 1);
-        wgmma_stage<T, NT, KD, CB>(d, wst + slot * W_BYTES, xst + slot * X_BYTES, wg);
+        wgmma_stage<T, NT, KD>(d, wst + slot * W_BYTES, xst + slot * X_BYTES, wg);
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // stage kt - 1 done
         wgmma_fence_operands(d);
         if (kt > 0 && (tid & 127) == 0) {
@@ -1494,7 +1481,7 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
       const int slot = kt % S, k0 = k_of(kt);
       if (kt < KT) {
         if (tid == 0) {
-          mbar_expect_tx(&full[slot], has_w ? W_BYTES : 0);  // CB = 64 here
+          mbar_expect_tx(&full[slot], has_w ? W_BYTES : 0);
           if (has_w) bulk_copy(wst + slot * W_BYTES, w + w_at(k0, n0, K), W_BYTES, &full[slot]);
         }
         for (int q = tid; q < NT * KD / 8; q += kThreads) {  // zeros past the rows
@@ -1514,7 +1501,7 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // seen by wgmma
         asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");  // stage kt is in; kt - 2 is done
         load(kt + S - 2);  // into stage kt - 2's slot
-        wgmma_stage<T, NT, KD, CB>(d, wst + slot * W_BYTES, xst + slot * X_BYTES, wg);
+        wgmma_stage<T, NT, KD>(d, wst + slot * W_BYTES, xst + slot * X_BYTES, wg);
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // stage kt - 1 done
         wgmma_fence_operands(d);
       }
@@ -1550,19 +1537,17 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
         for (int e = 0; e < 2; ++e) mine[(8 * j + 2 * (lane & 3) + e) * kWgRedLd + col + 8 * h] = d[4 * j + 2 * h + e];
   }
   cluster_sync();  // every partial tile of the cluster (and t) is written
-  // The sums in a fixed order, 4 columns a thread: with CB = 64 both warpgroups' tiles of each
-  // block, with CB = 128 warpgroup c4 / 64's of each block.
-  constexpr int kQuads = CB / 4, kGroups = CB == kWgCols ? 2 : 1;
+  // The sums in a fixed order, 4 columns a thread.
+  constexpr int kQuads = kWgCols / 4;
   for (int e = tid; e < tokens * kQuads; e += blockDim.x) {
     const int tok = first + e / kQuads, c4 = (e % kQuads) * 4;
     const int m = m0 + tok;
-    if (m >= M || c4 >= strips * kWgCols) continue;
+    if (m >= M || !has_w) continue;
     float l[4] = {0.f, 0.f, 0.f, 0.f};
     if (ex.table) ex.add(m, n0 + c4, N, l);
     float4 s = make_float4(l[0], l[1], l[2], l[3]);
-    for (int src = 0; src < (split ? kGroups * kWgPair : kGroups); ++src) {
-      const int g = kGroups == 2 ? src & 1 : c4 / kWgCols;
-      const float4 v = ld_cluster(red + (g * NT + tok) * kWgRedLd + c4 % kWgCols, rank ^ (src / kGroups));
+    for (int src = 0; src < (split ? 2 * kWgPair : 2); ++src) {
+      const float4 v = ld_cluster(red + ((src & 1) * NT + tok) * kWgRedLd + c4, rank ^ (src >> 1));
       s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
     }
     T* out = y + static_cast<size_t>(m) * N + n0 + c4;
@@ -1588,11 +1573,9 @@ __device__ __forceinline__ void gemm_wgmma(const T* x, const T* w, T* y, int M, 
     if (threadIdx.x < kThreads)
       scalar_path<T, false>(x, w, nullptr, nullptr, y, M, K, N, 0, 0.f, scalar, reinterpret_cast<float*>(wg_smem));
   } else {
-    const int tile = wg_tile_rows(M);
+    const int tile = M <= kWgSplitMaxM ? M : wg_tile_rows(M);
     const int rows = min(tile, M - static_cast<int>(blockIdx.z) * tile);
-    if (M > kWgNarrowMaxM && M <= kWgSplitMaxM)  // the grid's blocks are 128 columns: every tile so
-      wgmma_path<T, 128, 2 * kWgCols>(x, w, y, M, K, N, ex, wg_smem, sh);
-    else if (rows <= 16) wgmma_path<T, 16>(x, w, y, M, K, N, ex, wg_smem, sh);
+    if (rows <= 16) wgmma_path<T, 16>(x, w, y, M, K, N, ex, wg_smem, sh);
     else if (rows <= 32) wgmma_path<T, 32>(x, w, y, M, K, N, ex, wg_smem, sh);
     else if (rows <= 64) wgmma_path<T, 64>(x, w, y, M, K, N, ex, wg_smem, sh);
     else if (rows <= 128) wgmma_path<T, 128>(x, w, y, M, K, N, ex, wg_smem, sh);
