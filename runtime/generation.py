@@ -172,6 +172,7 @@ class Generator:
         self._tenants = module.tenants is not None
         self.vocab_size = module.inputs[self._order[0]]["range"]["max"] + 1
         self.eos = list(config["eos"])
+        self.cache_bytes = config.get("cache_bytes")  # its KV cache on the device
 
     def __getattr__(self, name):
         if name in ("load_adapter", "unload_adapter", "adapters", "stats", "plan") and self._tenants:

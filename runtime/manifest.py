@@ -110,6 +110,7 @@ class Generation(_Strict):
     tokens: Name
     slots: Name
     positions: Name
+    cache_bytes: Count | None = None  # the cache buffers' bytes on the device (None: not recorded)
 
 
 class Site(_Strict):

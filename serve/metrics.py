@@ -69,6 +69,9 @@ class _EngineState:
         yield gauge("stageml:num_requests_waiting", "Sequences waiting for a cache slot.", now["waiting"])
         yield gauge("stageml:cache_slots", "The KV cache's sequence slots.", now["slots"])
         yield gauge("stageml:cache_slots_used", "Cache slots held by running sequences.", now["running"])
+        if generator.cache_bytes is not None:
+            yield gauge("stageml:cache_bytes", "Bytes of the KV cache the module keeps on its device.",
+                        generator.cache_bytes)
         info = GaugeMetricFamily("stageml:lora_requests_info", "Running and waiting LoRA adapters.",
                                  labels=["running_lora_adapters", "waiting_lora_adapters", "max_lora"])
         info.add_metric([",".join(now["running_adapters"]), ",".join(now["waiting_adapters"]),

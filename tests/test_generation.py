@@ -35,8 +35,10 @@ def test_greedy_generation_matches_transformers(llama):
     seed = torch.seed() % 2 ** 31
     print(f"seed {seed}")
     model, art, gen, _ = llama
+    cache_bytes = 2 * 2 * 3 * 64 * 2 * 32 * 4  # keys, values of 2 layers: 3 slots x 64 x 2 KV heads of 32, f32
     assert art.generation == {"sequences": 3, "max_seq": 64, "eos": [model.generation_config.eos_token_id],
-                              "tokens": "ids", "slots": "slots", "positions": "positions"}
+                              "tokens": "ids", "slots": "slots", "positions": "positions", "cache_bytes": cache_bytes}
+    assert gen.cache_bytes == cache_bytes
     assert [a["name"] for a in gen.module.inputs] == ["ids", "slots", "positions"]
     prompts = _prompts(seed)
     out = gen.generate(prompts, max_new_tokens=NEW)

@@ -203,6 +203,8 @@ def test_metrics(server):
         assert name in text, name
     assert server.metric("stageml:generation_tokens_total", model_name="b") >= NEW
     assert server.metric("stageml:cache_slots") == 4
+    # keys and values of 2 layers, 4 slots of MAX_SEQ positions, 2 KV heads of 32, float32
+    assert server.metric("stageml:cache_bytes") == 2 * 2 * 4 * MAX_SEQ * 2 * 32 * 4
     assert re.search(r'stageml:lora_requests_info\{max_lora="2",running_lora_adapters="[^"]*",'
                      r'waiting_lora_adapters="[^"]*"\} \d', text)
     assert httpx.get(f"{server.url}/health").status_code == 200

@@ -29,7 +29,9 @@ index_put writes its rows, no copy). Its start is a parameter even when it
 is zeros (a splat in the archive, no bytes): IREE 3.13 fuses globals that
 start equal and whose in-place updates it does not see as stores, so equal
 splat starts, or one initializer storing zeros into each, made one buffer
-of several (resident-state-buffers.mlir).
+of several (resident-state-buffers.mlir). A generation step's buffers are
+its KV cache: their bytes join the module's `bt.generation` as `cache_bytes`
+(resident-state-cache-bytes.mlir).
 
 (One global per element type, not one per value: IREE 3.13 lets mutable
 globals with equal splat initial values share storage, so equal-shaped
@@ -206,6 +208,10 @@ def lower_resident_state(module_op) -> int:
         _declare_buffers(module_op, buffers)
         for func in facts.stage_functions(module_op, "dynamic"):
             _keep_buffers(func)
+        generation = facts.get(module_op, facts.GENERATION)
+        if generation is not None:  # a generation step: its buffers are its KV cache
+            cache = sum(math.prod(t.shape) * t.element_type.width // 8 for t in buffers.values())
+            facts.put(module_op, facts.GENERATION, {**generation, "cache_bytes": cache})
     if not declared:
         return len(buffers)
     ranges, flat = _layout(declared)
