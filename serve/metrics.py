@@ -24,8 +24,9 @@ class Metrics:
         registry = self.registry
         self.requests = Counter("stageml:request_success", "Requests that ended, by model and finish reason "
                                 "(stop, length, abort, error).", ["model_name", "finished_reason"], registry=registry)
-        self.rejected = Counter("stageml:request_rejected", "Requests answered with an error status (4xx, 5xx), by status.",
-                                ["code"], registry=registry)
+        self.rejected = Counter("stageml:request_rejected",
+                                "Requests answered with an error status (4xx, 5xx), by status.", ["code"],
+                                registry=registry)
         self.prompt_tokens = Counter("stageml:prompt_tokens", "Prompt tokens prefilled.", ["model_name"],
                                      registry=registry)
         self.generation_tokens = Counter("stageml:generation_tokens", "Tokens generated.", ["model_name"],
