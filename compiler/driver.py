@@ -144,11 +144,11 @@ def _vmfb(c: Compilation) -> None:
     for flags, fallback in zip(choices, choices[1:] + [None]):
         try:
             c.vmfb = lowering.compile_module(text, "the residual", target.backend, flags)
-        except lowering.CompilerCrash:
+        except lowering.CompilerCrash as e:
             if fallback is None:
                 raise
             if c.options.verbose:
-                print(f"[stageml] iree-compile crashed with {' '.join(f for f in flags if f not in fallback)}; "
+                print(f"[stageml] {e} (with {' '.join(f for f in flags if f not in fallback)}); "
                       f"compiling with {' '.join(f for f in fallback if f not in flags)}", file=sys.stderr, flush=True)
             continue
         c.iree_flags = flags
@@ -178,9 +178,14 @@ def _save_tensors(path: str, tensors: dict) -> None:
     import torch
     from safetensors.torch import save_file
 
+    storages = set()  # tied weights (one storage, two names) are written as two tensors
+
     def as_torch(value):
         if isinstance(value, torch.Tensor):
-            return value.detach().contiguous()
+            value = value.detach().contiguous()
+            shared = value.untyped_storage().data_ptr() in storages
+            storages.add(value.untyped_storage().data_ptr())
+            return value.clone() if shared else value
         array = np.ascontiguousarray(value)
         if array.dtype.name == "bfloat16":
             return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
