@@ -28,7 +28,7 @@ from torch_mlir.compiler_utils import OutputType
 from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 from torch_mlir.extras.fx_importer import FxImporter
 
-from stageml.compiler import experts, facts, model_file
+from stageml.compiler import conv1d, experts, facts, model_file
 from stageml.compiler.ir import NAME, Diagnostics, set_arg_attr
 from stageml.errors import CompileError, ModelLoadError
 
@@ -85,7 +85,7 @@ def export(model, args: tuple, dynamic_shapes=None, trust_model: bool = False) -
     if isinstance(dynamic_shapes, (tuple, list)) and _takes_var_args(model):
         dynamic_shapes = {"args": tuple(dynamic_shapes)}  # e.g. PeftModel.forward(*args, **kwargs)
     try:
-        with experts.staged(model):
+        with experts.staged(model), conv1d.staged(model):
             return torch.export.export(model.eval(), tuple(args), dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:
         raise ModelLoadError(f"torch.export failed on the model ({type(e).__name__}: {str(e).splitlines()[0]}): make it exportable or export it yourself") from e

@@ -126,7 +126,9 @@ def _parse_config(config) -> _LoraConfig | None:
                            f"{_EXPECTED.get(field, 'what PEFT writes')}: fix it, or {_SAVE}") from None
     if parsed.peft_type != "LORA":
         raise AdapterError(f"adapter config has peft_type {parsed.peft_type!r}: StageML serves LoRA adapters only")
-    for flag in ("use_dora", "fan_in_fan_out", "lora_bias"):
+    # (fan_in_fan_out, set for GPT-2's Conv1D layers, changes only how PEFT merges ΔW into a
+    # weight stored [in, out]: its lora_A [r, in] and lora_B [out, r] are the usual ones.)
+    for flag in ("use_dora", "lora_bias"):
         if getattr(parsed, flag):
             raise AdapterError(f"adapter config sets {flag}, which StageML does not serve: "
                                "train the adapter without it")
