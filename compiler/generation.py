@@ -6,7 +6,7 @@ fixed per-sequence slots, which the module keeps on the device.
 Row b's T tokens (a prompt, or one token of a decode step) sit at positions
 positions[b] .. positions[b] + T - 1 of sequence slot slots[b]: each layer writes
 their keys and values there (index_put into its cache buffers
-[sequences, max_seq, kv_heads, head_dim]) and attends over that slot's cache,
+[sequences·max_seq, kv_heads, head_dim]) and attends over that slot's cache,
 masked to the positions up to each token's own. So prefill and decode are the
 same program (T tokens or one), and rows of one batch may be at different
 positions (continuous batching). The cache buffers are buffers the model
@@ -37,18 +37,28 @@ INPUTS = ("ids", "slots", "positions")  # the step's inputs, in order (facts.GEN
 
 
 class SlotCache:
-    """transformers' cache interface (`update`) over each layer's buffers of a Step."""
+    """transformers' cache interface (`update`) over each layer's buffers of a Step: a buffer
+    [sequences·max_seq, kv_heads, head_dim] holds slot s's position p at row s·max_seq + p."""
 
-    def __init__(self, keys: list, values: list, slots, positions):
-        self.keys, self.values, self.slots, self.positions = keys, values, slots, positions
+    def __init__(self, keys: dict, values: dict, slots, positions, max_seq: int):
+        self.keys, self.values, self.slots, self.positions, self.max_seq = keys, values, slots, positions, max_seq
 
     def update(self, key_states, value_states, layer_idx: int, cache_kwargs=None):
         """Writes the rows' keys and values [B, heads, T, dim] at their slots and positions;
-        returns each row's whole cache [B, heads, max_seq, dim]."""
-        rows = self.slots[:, None].expand_as(self.positions)
+        returns each row's whole cache [B, heads, max_seq, dim].
+
+        The write is one index per token into the buffer's rows, of the tokens' [B·T, heads,
+        dim]: indexed by (slot, position) into [sequences, max_seq, heads, dim], a model with one
+        KV head (multi-query attention) failed at run time for prompts of two tokens or more, as
+        torch-mlir lowers that index_put of [B, T, 1, dim] values as if T were 1 too; and
+        [B, T, heads·dim] values, a view of two dynamic dims, came out wrong (llvm/torch-mlir#3852)."""
+        rows = (self.slots[:, None] * self.max_seq + self.positions).reshape(-1)
+        sequences = self.keys[layer_idx].shape[0] // self.max_seq
+        out = []
         for cache, states in ((self.keys[layer_idx], key_states), (self.values[layer_idx], value_states)):
-            cache.index_put_((rows, self.positions), states.transpose(1, 2).to(cache.dtype))
-        return tuple(cache[self.slots].transpose(1, 2) for cache in (self.keys[layer_idx], self.values[layer_idx]))
+            cache.index_put_((rows,), states.transpose(1, 2).reshape(-1, *cache.shape[1:]).to(cache.dtype))
+            out.append(cache.view(sequences, self.max_seq, *cache.shape[1:])[self.slots].transpose(1, 2))
+        return tuple(out)
 
 
 def slot_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **kwargs):
@@ -81,41 +91,68 @@ SLOT_ATTENTION = "stageml_slots"
 AttentionInterface.register(SLOT_ATTENTION, slot_attention)
 
 
+class _CacheShapes:
+    """A cache that records the [heads, dim] of the keys and of the values each layer writes."""
+
+    def __init__(self):
+        self.layers = {}
+
+    def update(self, key_states, value_states, layer_idx: int, cache_kwargs=None):
+        self.layers[layer_idx] = tuple((s.shape[1], s.shape[3]) for s in (key_states, value_states))
+        return key_states, value_states
+
+
+def cache_shapes(model) -> dict:
+    """{layer: ((key heads, key dim), (value heads, value dim))} of the layers of `model` that
+    cache keys and values, as one token through the model writes them (so multi-query attention,
+    a config's own name for its KV heads, or keys and values of different widths need no rule)."""
+    shapes, token = _CacheShapes(), torch.zeros(1, 1, dtype=torch.int64)
+    with torch.no_grad():
+        _logits(model, token, token, shapes, 1)
+    return shapes.layers
+
+
 class Step(torch.nn.Module):
     """One generation step of `model` (a transformers causal LM, or a PEFT model of one)."""
 
     def __init__(self, model, sequences: int, max_seq: int):
         super().__init__()
         config = getattr(model, "config", None)
-        layers = getattr(config, "num_hidden_layers", None)
-        if layers is None or not hasattr(config, "num_attention_heads"):
+        if config is None or not hasattr(config, "num_hidden_layers"):
             raise CompileError(f"generate=True needs a transformers causal LM (or a PEFT model of one), not a "
                                f"{type(model).__name__}: pass e.g. AutoModelForCausalLM.from_config(...)")
-        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        try:
+            shapes = cache_shapes(model)
+        except (AttributeError, TypeError) as e:  # a cache method or argument SlotCache does not have
+            raise CompileError(f"generate=True cannot drive {type(model).__name__}'s cache ({type(e).__name__}: "
+                               f"{str(e).splitlines()[0]}): compile its forward without generate=True") from None
         dtype = next(model.parameters()).dtype
-        self.model, self.layers, self.max_seq = model, layers, max_seq
+        self.model, self.layers, self.max_seq = model, sorted(shapes), max_seq
         self.cache = torch.nn.Module()  # buffers cache.k0, cache.v0, ...
-        for layer in range(layers):
-            for kind in "kv":
-                self.cache.register_buffer(f"{kind}{layer}", torch.zeros(sequences, max_seq, heads, dim, dtype=dtype))
+        for layer, kinds in shapes.items():
+            for kind, (heads, dim) in zip("kv", kinds):
+                self.cache.register_buffer(f"{kind}{layer}", torch.zeros(sequences * max_seq, heads, dim, dtype=dtype))
 
     def forward(self, ids, slots, positions):
         at = positions[:, None] + torch.arange(ids.shape[1], device=ids.device)[None, :]
-        cache = SlotCache([getattr(self.cache, f"k{layer}") for layer in range(self.layers)],
-                          [getattr(self.cache, f"v{layer}") for layer in range(self.layers)], slots, at)
-        keys = torch.arange(self.max_seq, device=ids.device)
-        hidden = keys[None, None, None, :] > at[:, None, :, None]  # [B, 1, T, max_seq]: keys after the token
-        dtype = next(self.model.parameters()).dtype
-        mask = torch.zeros(hidden.shape, dtype=dtype, device=ids.device).masked_fill(hidden, torch.finfo(dtype).min)
-        config = self.model.config
-        chosen = config._attn_implementation
-        config._attn_implementation = SLOT_ATTENTION  # (and its sub-configs') for this call only
-        try:
-            return self.model(input_ids=ids, position_ids=at, attention_mask=mask, past_key_values=cache,
-                              use_cache=True).logits
-        finally:
-            config._attn_implementation = chosen
+        cache = SlotCache({layer: getattr(self.cache, f"k{layer}") for layer in self.layers},
+                          {layer: getattr(self.cache, f"v{layer}") for layer in self.layers}, slots, at, self.max_seq)
+        return _logits(self.model, ids, at, cache, self.max_seq)
+
+
+def _logits(model, ids, at, cache, keys: int):
+    """`model`'s logits for tokens `ids` at positions `at` (both [B, T]) over `cache` of `keys`
+    positions per row, each token attending to the positions up to its own (slot_attention)."""
+    hidden = torch.arange(keys, device=ids.device)[None, None, None, :] > at[:, None, :, None]  # [B, 1, T, keys]
+    dtype = next(model.parameters()).dtype
+    mask = torch.zeros(hidden.shape, dtype=dtype, device=ids.device).masked_fill(hidden, torch.finfo(dtype).min)
+    config = model.config
+    chosen = config._attn_implementation
+    config._attn_implementation = SLOT_ATTENTION  # (and its sub-configs') for this call only
+    try:
+        return model(input_ids=ids, position_ids=at, attention_mask=mask, past_key_values=cache, use_cache=True).logits
+    finally:
+        config._attn_implementation = chosen
 
 
 def pretrained(directory: str, lora_config: str | None = None):

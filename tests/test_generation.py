@@ -109,6 +109,29 @@ def test_generate_takes_the_model_alone():
         stageml.compile(torch.nn.Linear(4, 4), generate=True)
 
 
+def _multi_query(family: str):
+    from transformers import GPTBigCodeConfig, GPTBigCodeForCausalLM, LlamaConfig, LlamaForCausalLM
+    if family == "llama":  # one KV head, by num_key_value_heads
+        return LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=128))
+    return GPTBigCodeForCausalLM(GPTBigCodeConfig(vocab_size=128, n_embd=128, n_layer=2, n_head=4, n_positions=128,
+                                                  multi_query=True, initializer_range=0.2))  # (by multi_query)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_bigcode"])
+def test_multi_query_generation_matches_transformers(tmp_path, family):
+    """Models with one KV head: prompts of one token and of several (a prompt of two or more
+    failed at run time), the cache's shape taken from what the model writes."""
+    seed = torch.seed() % 2 ** 31
+    print(f"seed {seed}")
+    model = _multi_query(family).eval()
+    art = stageml.compile(model, generate=True, max_seq=32, sequences=3)
+    gen = art.load(str(tmp_path / "mqa.vmfb"))
+    assert gen.cache_bytes == 2 * 2 * 3 * 32 * 1 * 32 * 4  # keys, values of 2 layers: 3 x 32 positions x 1 x 32, f32
+    prompts = _prompts(seed)
+    assert gen.generate(prompts, max_new_tokens=NEW) == [greedy(model, p, NEW) for p in prompts]
+
+
 @pytest.mark.parametrize("policy", ["auto", "factorized"])
 def test_mixed_tenant_generation_matches_peft(tmp_path, policy):
     """Two PEFT adapters and the base model in one run: each prompt's tokens are PEFT's with its
