@@ -88,7 +88,25 @@ def export(model, args: tuple, dynamic_shapes=None, trust_model: bool = False) -
         with experts.staged(model), conv1d.staged(model):
             return torch.export.export(model.eval(), tuple(args), dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:
-        raise ModelLoadError(f"torch.export failed on the model ({type(e).__name__}: {str(e).splitlines()[0]}): make it exportable or export it yourself") from e
+        lines = str(e).strip().splitlines() or [""]
+        detail = next((l.strip()[2:] for l in lines[1:] if l.startswith("  - ")), "")  # a violated constraint's why
+        raise ModelLoadError(f"torch.export failed on the model{_model_line(e)} ({type(e).__name__}: {lines[0]}"
+                             f"{' ' + detail if detail else ''}): make it exportable or export it yourself") from e
+
+
+def _model_line(error: Exception) -> str:
+    """" at FILE:LINE" where the export stopped in the model's code: the innermost frame of
+    `error`'s traceback in a transformers model's own module, else in any module but PyTorch's
+    and StageML's; "" if there is none."""
+    found, model, trace = "", "", error.__traceback__
+    while trace is not None:
+        module = trace.tb_frame.f_globals.get("__name__", "")
+        where = f" at {trace.tb_frame.f_code.co_filename}:{trace.tb_lineno}"
+        if module.split(".")[0] not in ("torch", "stageml") and not where.startswith(" at <"):
+            found = where
+            model = where if module.startswith("transformers.models.") else model
+        trace = trace.tb_next
+    return model or found
 
 
 def _takes_var_args(model) -> bool:

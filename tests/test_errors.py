@@ -129,6 +129,26 @@ def test_unsupported_op_names_stage_and_op():
         stageml.compile(QR(), (torch.randn(4, 4),))
 
 
+def test_export_failure_names_the_models_line():
+    """A model torch.export cannot trace: the error names the model's own line where the export
+    stopped, or the dynamic dim the model fixed, in one line."""
+    class Mismatch(torch.nn.Module):
+        def forward(self, x):
+            return x + torch.ones(x.shape[1] + 1)
+
+    class Halves(torch.nn.Module):
+        def forward(self, x):
+            return x[:, :4] + x[:, 4:]  # (a width of 8 only)
+
+    line = Mismatch.forward.__code__.co_firstlineno + 1
+    with pytest.raises(stageml.StageMLError, match=rf"torch.export failed on the model at .*test_errors.py:{line} ") as e:
+        stageml.compile(Mismatch(), (torch.randn(2, 8),), dynamic_shapes=({1: Dim("width", max=64)},))
+    assert "\n" not in str(e.value)
+    with pytest.raises(stageml.StageMLError, match="You marked width as dynamic but your code specialized it") as e:
+        stageml.compile(Halves(), (torch.randn(2, 8),), dynamic_shapes=({1: Dim("width", max=64)},))
+    assert "\n" not in str(e.value)
+
+
 def test_multi_tenant_compile_of_a_model_without_lora(mlp_artifact):
     root, _ = mlp_artifact
     line = _cli_error(str(root / "mlp.pt2"), "-o", str(root / "t.vmfb"), "--max-adapters", "4", "-q")
