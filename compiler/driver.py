@@ -186,7 +186,7 @@ def _save_tensors(path: str, tensors: dict) -> None:
             shared = value.untyped_storage().data_ptr() in storages
             storages.add(value.untyped_storage().data_ptr())
             return value.clone() if shared else value
-        array = np.ascontiguousarray(value)
+        array = np.asarray(value, order="C")
         if array.dtype.name == "bfloat16":
             return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(array.copy())

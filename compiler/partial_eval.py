@@ -31,7 +31,7 @@ def evaluate_static(module: ir.Module, weights: dict) -> dict:
         if missing:
             raise ModelLoadError(f"the weights lack {missing[0]!r}, which @{entry['symbol']} reads: compile from the "
                                  "model, or keep the weights file --dump-stages wrote beside the stage")
-        args = [np.ascontiguousarray(as_numpy(weights[a["name"]]).astype(numpy_dtype(a["dtype"]), copy=False))
+        args = [np.asarray(as_numpy(weights[a["name"]]).astype(numpy_dtype(a["dtype"]), copy=False), order="C")
                 for a in entry["arguments"]]
         results = getattr(compiled, entry["symbol"])(*args)
         results = results if isinstance(results, (tuple, list)) else [results]

@@ -215,7 +215,7 @@ class Generator:
         """One call: row b's tokens [B, T] at positions[b].. of cache slot slots[b]; its logits [B, T, V].
         `adapters`: each row's adapter (a multi-tenant residual; None: the base model)."""
         try:
-            tokens, slots, positions = (np.ascontiguousarray(v, np.int64) for v in (tokens, slots, positions))
+            tokens, slots, positions = (np.asarray(v, np.int64, order="C") for v in (tokens, slots, positions))
         except (TypeError, ValueError, OverflowError):
             raise InputError("a step takes integer token ids [B, T], slots [B] and positions [B]: pass those") from None
         if tokens.ndim != 2 or slots.shape != positions.shape or slots.shape != tokens.shape[:1]:

@@ -58,7 +58,7 @@ def _check_input(spec: dict, value, device_kind: str):
             raise InputError(f"input {spec['name']!r} holds {low if low < values['min'] else high}, outside "
                              f"{values['min']}..{values['max']} (the rows of the table it indexes): pass indices "
                              "inside the table, e.g. token ids below the vocabulary size")
-    return (value if direct else np.ascontiguousarray(value)), shape, direct
+    return (value if direct else np.asarray(value, order="C")), shape, direct
 
 
 class Request:
@@ -290,7 +290,7 @@ class ResidualModule:
 
     def _run_adapter(self, named: dict, program: str = "main") -> list:
         """Runs the adapter stage of `program` on {input name: array}; returns its results (device arrays)."""
-        state = self._call(self.entry("adapter", program), {k: np.ascontiguousarray(v) for k, v in named.items()})
+        state = self._call(self.entry("adapter", program), {k: np.asarray(v, order="C") for k, v in named.items()})
         return list(state) if isinstance(state, (tuple, list)) else [state]
 
     @property

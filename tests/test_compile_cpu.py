@@ -331,3 +331,26 @@ def test_torch_tensors_in_torch_tensors_out(tmp_path):
         mod(torch.zeros(2, 31))
     mod._exports = False  # the host path, taken where IREE cannot export a result (its CUDA results)
     assert torch.equal(mod(x), torch.from_numpy(mod(x.numpy())))
+
+
+def test_zero_dimensional_weights(tmp_path):
+    """0-D parameters and buffers (Apertus' xIELU activation has them) keep their rank through
+    partial evaluation, a dump and a compile resumed from it."""
+    class Scalars(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 16)
+            self.alpha = torch.nn.Parameter(torch.tensor(1.5))
+            self.register_buffer("beta", torch.tensor(0.25))
+
+        def forward(self, x):
+            return self.fc(x) * (self.alpha * self.alpha) + self.beta
+
+    model = Scalars().eval()
+    art = stageml.compile(model, (torch.randn(2, 16),), dynamic_shapes=({0: Dim("rows", max=8)},),
+                          dump_dir=str(tmp_path / "dump"))
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        assert rel_err(art.load(str(tmp_path / "a.vmfb"))(x), model(x)) <= 1e-6
+        resumed = stageml.compile(str(tmp_path / "dump" / "model.split.mlir"))
+        assert rel_err(resumed.load(str(tmp_path / "b.vmfb"))(x), model(x)) <= 1e-6
