@@ -122,6 +122,7 @@ class Site(_Strict):
     scaling: float
     dtype: Literal["float32", "float16", "bfloat16"]
     experts: Count
+    parameter: Name | None = None  # an expert site's stack (the parameter PEFT's target_parameters names)
 
 
 class Tenants(_Strict):

@@ -271,9 +271,11 @@ def prepare(tensors: dict, config: dict | None, sites: list, max_rank: int) -> d
         raise AdapterError(f"adapter tensors are a dict of name to tensor, not a {type(tensors).__name__}: "
                            "pass a dict")
     by_site, exact, pairs = {}, {}, {}
+    patterns = {}  # module -> the name PEFT's rank_pattern / alpha_pattern match for it
     for site in sites:
         module = _site_module(site["lora_A"])
         by_site[module] = site
+        patterns[module] = _parameter_path(site["parameter"]) if site.get("parameter") else module
         exact[site["lora_A"]], exact[site["lora_B"]] = (module, "lora_A"), (module, "lora_B")
     for name, value in tensors.items():
         value = _factor(name, value)
@@ -311,7 +313,7 @@ def prepare(tensors: dict, config: dict | None, sites: list, max_rank: int) -> d
             (a_name, a_value), (b_name, b_value) = factors["lora_A"], factors["lora_B"]
             rows = "E*r" if experts else "r"
             r = a_value.shape[0] // e if a_value.ndim == 2 and a_value.shape[0] % e == 0 else -1
-            configured = _configured_rank(parsed, module)
+            configured = _configured_rank(parsed, patterns[module])
             if experts and configured and a_value.ndim == 2 and a_value.shape[0] != e * configured:
                 raise AdapterError(f"adapter tensor {a_name!r} has {a_value.shape[0]} rows, {configured} per expert "
                                    f"(its config's rank) for {a_value.shape[0] / configured:g} experts, but the "
@@ -331,13 +333,19 @@ def prepare(tensors: dict, config: dict | None, sites: list, max_rank: int) -> d
             # PEFT's expert layout: A's rows expert-major (E, r), B's columns expert fastest (r, E)
             _fill(a.reshape(e, max_rank, k), (slice(None), slice(None, r)), a_value.reshape(e, r, k), a_name, dtype)
             wide = b_value if b_value.dtype in (np.float32, np.float64) else b_value.astype(np.float32)
-            scaling = _scaling(parsed, module, r)
+            scaling = _scaling(parsed, patterns[module], r)
             with np.errstate(over="ignore", invalid="ignore"):
                 scaled = wide * scaling
             _fill(b.reshape(n, max_rank, e), (slice(None), slice(None, r)), scaled.reshape(n, r, e), b_name, dtype,
                   scaling)
         inputs[site["lora_A"]], inputs[site["lora_B"]] = a, b
     return inputs
+
+
+def _parameter_path(parameter: str) -> str:
+    """The name PEFT matches its patterns against for LoRA on `parameter` (target_parameters):
+    the parameter's path in the model, without PEFT's wrappers (`base_layer.`)."""
+    return re.sub(r"(?:^|(?<=\.))base_layer\.", "", parameter.split(_PEFT_PREFIX, 1)[-1])
 
 
 def _configured_rank(config: _LoraConfig | None, module: str) -> int | None:

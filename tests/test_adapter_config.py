@@ -305,3 +305,26 @@ def test_numpy_scalars_in_a_config_count_as_numbers():
     assert _scale_of(inputs, tensors) == pytest.approx(1.5, rel=1e-6)
     with pytest.raises(AdapterError, match="adapter config's r is np.True_, not a positive integer"):
         peft_adapter.prepare(tensors, {"r": np.bool_(True)}, SITES, MAX_RANK)
+
+
+def test_expert_sites_take_their_parameters_rank_and_alpha_patterns():
+    """PEFT keys rank_pattern / alpha_pattern for target_parameters by the parameter's path (its
+    "all-linear" on an MoE layer gives gate_up_proj twice the rank): an expert site matches them
+    by the stack it adapts, not by its factors' module (PEFT's nested ParamWrapper)."""
+    experts, k, n, rank = 3, 4, 6, 2
+    module = "base_model.model.model.layers.1.mlp.experts.base_layer"
+    site = {"lora_A": f"{module}.lora_A.default.weight", "lora_B": f"{module}.lora_B.default.weight",
+            "in_features": k, "out_features": n, "dtype": "float32", "experts": experts,
+            "parameter": "base_model.model.model.layers.1.mlp.experts.base_layer.base_layer.gate_up_proj"}
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((experts * rank, k)), rng.standard_normal((n, experts * rank))
+    tensors = {f"{module}.lora_A.weight": a, f"{module}.lora_B.weight": b}
+    config = {"peft_type": "LORA", "r": 1, "lora_alpha": 1, "rank_pattern": {r".*\.gate_up_proj": rank},
+              "alpha_pattern": {r".*\.gate_up_proj": 8}}
+    inputs = peft_adapter.prepare(tensors, config, [site], max_rank=4)
+    prepared_a = inputs[site["lora_A"]].reshape(experts, 4, k)
+    prepared_b = inputs[site["lora_B"]].reshape(n, 4, experts)
+    assert np.allclose(prepared_a[:, :rank], a.reshape(experts, rank, k), rtol=1e-6)
+    assert np.allclose(prepared_b[:, :rank], 8 / rank * b.reshape(n, rank, experts), rtol=1e-6)  # alpha / r
+    with pytest.raises(AdapterError, match="1 per expert .its config.s rank. for 6 experts"):  # by the factors' module
+        peft_adapter.prepare(tensors, config, [{**site, "parameter": None}], max_rank=4)

@@ -48,8 +48,8 @@ rebuilt in the parameter's own dtype, as above.
 The sites are described once, on the module, for everything downstream
 (the manifest, the cost policy, the PEFT loader): one dictionary per site
 naming its factor arguments, with shapes, the model's rank and scaling,
-the element type and its expert count (0: a dense layer), next to the
-multi-tenant configuration:
+the element type and its expert count (0: a dense layer; an expert site also
+names its stack's parameter), next to the multi-tenant configuration:
 
     module attributes {bt.tenants = {max_adapters = 4, max_rank = 8},
       bt.sites = [{lora_A = "fc.lora_A.default.weight", lora_B = "...", in_features = 64,
@@ -273,8 +273,11 @@ def _expert_record(func, w, a, b, scaling, b_first, rank):
     if r > rank:
         raise CompileError(f"LoRA factor {a_name!r} has rank {r} per expert, above the maximum rank {rank}: "
                            f"compile with a max rank of at least {r}")
-    return {"lora_A": a_name, "lora_B": b_name, "in_features": k, "out_features": n, "rank": r,
-            "scaling": float(scaling), "dtype": DTYPES[dtype], "experts": experts}
+    record = {"lora_A": a_name, "lora_B": b_name, "in_features": k, "out_features": n, "rank": r,
+              "scaling": float(scaling), "dtype": DTYPES[dtype], "experts": experts}
+    if isinstance(w.owner, ir.Block):  # the stack's parameter: PEFT's rank_pattern names it, not the factors
+        record["parameter"] = arg_name(func, w.arg_number)
+    return record
 
 
 def _dense_record(func, a, b, k: int, n: int, scaling: float, dtype, rank: int) -> dict:

@@ -4,7 +4,7 @@
 // the factors cast up, the sum cast back to f16). The same site as in
 // lora-sites-experts.mlir, rebuilt in f16: no float32 merge is left.
 
-// CHECK:       module attributes {bt.sites = [{dtype = "float16", experts = 4 : i64, in_features = 6 : i64, lora_A = "experts.lora_A.default.weight", lora_B = "experts.lora_B.default.weight", out_features = 12 : i64, rank = 2 : i64, scaling = 2.000000e+00 : f64}]
+// CHECK:       module attributes {bt.sites = [{dtype = "float16", experts = 4 : i64, in_features = 6 : i64, lora_A = "experts.lora_A.default.weight", lora_B = "experts.lora_B.default.weight", out_features = 12 : i64, parameter = "experts.gate_up_proj", rank = 2 : i64, scaling = 2.000000e+00 : f64}]
 // CHECK-LABEL: func.func @main
 // CHECK-SAME:    %arg1: !torch.vtensor<[16,6],f16> {bt.name = "experts.lora_A.default.weight"
 // CHECK-SAME:    %arg2: !torch.vtensor<[12,16],f16> {bt.name = "experts.lora_B.default.weight"
