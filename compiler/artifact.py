@@ -123,7 +123,8 @@ class Artifact:
             if value.dtype == numpy_dtype("bfloat16"):  # IREE's archive writer has no bfloat16: same bits
                 value = value.view(np.uint16)
             if value.size and not value.view(np.uint8).any():  # zeros (a KV cache's start): a splat, no bytes
-                index.add_splat(key, bytes(value.itemsize), value.nbytes)
+                # (of one zero byte: IREE fills with patterns of 1, 2 or 4 bytes, not an int64's 8)
+                index.add_splat(key, bytes(1), value.nbytes)
             else:
                 iree_rt.parameter_index_add_numpy_ndarray(index, key, value)
         index.create_archive_file(path)

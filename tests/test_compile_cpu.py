@@ -354,3 +354,22 @@ def test_zero_dimensional_weights(tmp_path):
         assert rel_err(art.load(str(tmp_path / "a.vmfb"))(x), model(x)) <= 1e-6
         resumed = stageml.compile(str(tmp_path / "dump" / "model.split.mlir"))
         assert rel_err(resumed.load(str(tmp_path / "b.vmfb"))(x), model(x)) <= 1e-6
+
+
+def test_int64_zero_buffer_the_residual_reads(tmp_path):
+    """A zero int64 buffer the request path slices (BERT's token_type_ids) is stored as a splat
+    that IREE can fill (a pattern of 8 bytes made the module fail to load)."""
+    class TokenTypes(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.types = torch.nn.Embedding(2, 16)
+            self.register_buffer("token_type_ids", torch.zeros(1, 64, dtype=torch.int64))
+
+        def forward(self, x):
+            return x + self.types(self.token_type_ids[:, :x.shape[1]])
+
+    model = TokenTypes().eval()
+    art = stageml.compile(model, (torch.randn(2, 5, 16),), dynamic_shapes=({0: Dim("b", max=8), 1: Dim("s", max=64)},))
+    x = torch.randn(3, 7, 16)
+    with torch.no_grad():
+        assert rel_err(art.load(str(tmp_path / "t.vmfb"))(x), model(x)) <= 1e-6
