@@ -9,7 +9,8 @@
       → torch backend IR (value semantics, dynamic dims kept as `?`)
 
 A transformers MoE model is exported with StageML's experts implementation
-(compiler/experts.py): routing as per-row gathers of the expert stacks.
+(compiler/experts.py): routing as per-row gathers of the expert stacks; GPT-2's
+Conv1D layers as `x @ W + b` (compiler/conv1d.py).
 
 A buffer the model mutates (an output spec of kind BUFFER_MUTATION) is
 request-time state, never a static weight: it is an input of the residual
