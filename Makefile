@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 STAMP := .venv/.stageml-installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test sweep bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -18,6 +18,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 	PATH=$(CURDIR)/.venv/bin:$$PATH .venv/bin/lit -v lit_tests
+
+sweep: $(STAMP)
+	rm -f out/sweep.jsonl && mkdir -p out
+	STAGEML_SWEEP_LOG=out/sweep.jsonl $(PY) -m pytest -q -m 'sweep or not sweep' tests/test_architectures.py; \
+	  status=$$?; $(PY) tests/sweep_report.py out/sweep.jsonl > out/sweep.md; echo "the table: out/sweep.md"; exit $$status
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_cpu.py

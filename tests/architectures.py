@@ -1,0 +1,78 @@
+"""The causal-LM families of the installed transformers as tiny random-weight models, for the
+architecture sweep (tests/test_architectures.py).
+
+Every family in transformers' causal-LM mapping is built from its config class with the sizes
+of SMALL (where the config has the attribute) and its own OVERRIDES; PEFT LoRA (r=4) goes on
+every linear layer (PEFT's "all-linear", which on an MoE layer also takes the fused expert
+stacks, with twice the rank on gate_up_proj). NOT_BUILT names the families that cannot be built that way here, and why.
+"""
+
+import warnings
+
+import torch
+
+SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=128, head_dim=16, pad_token_id=0, bos_token_id=1,
+             eos_token_id=2, rotary_dim=8, is_decoder=True, num_experts=4, num_local_experts=4, n_routed_experts=4,
+             num_experts_per_tok=2, moe_intermediate_size=32, d_model=64, decoder_layers=2, decoder_attention_heads=4,
+             decoder_ffn_dim=128, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128)
+
+OVERRIDES = {  # family -> config values beside SMALL
+    "deepseek_v2": dict(kv_lora_rank=32, q_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                        first_k_dense_replace=1),
+    "deepseek_v3": dict(kv_lora_rank=32, q_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                        first_k_dense_replace=1, n_group=1, topk_group=1),
+}
+
+_TOWER = "a multimodal model: its vision or audio tower keeps its full default size (GBs)"
+_MLA = "its attention's own head dims (MLA: q/kv LoRA ranks, rope and nope dims) do not follow SMALL: eager fails"
+_LAYERS = "its config lists per-layer values for its default depth: SMALL's 2 layers fail its validation"
+NOT_BUILT = {  # family -> why no tiny model of it is built here
+    "dots3_note": _TOWER, "emu3": _TOWER, "fuyu": _TOWER, "gemma3": _TOWER, "gemma4": _TOWER,
+    "gemma4_unified": _TOWER, "gemma3n": "its vision tower needs timm and PIL, not installed",
+    "axk1": _MLA, "axk2": _MLA, "deepseek_v3": _MLA, "deepseek_v4": _MLA, "glm4_moe_lite": _MLA,
+    "longcat_flash": _MLA, "minicpm3": _MLA,
+    "gpt_neo": _LAYERS, "gemma4_assistant": _LAYERS, "gemma4_unified_assistant": _LAYERS,
+    "dots3_note_text": "its heads are per-layer attributes (AmbiguousGlobalPerLayerAttributeError)",
+    "dbrx": "its attention config takes no rope_theta from the top-level config (AttributeError)",
+    "lfm2_moe": "its config needs layer types SMALL does not give (TypeError in the model's init)",
+    "falcon_mamba": "PEFT refuses LoRA on its out_proj / conv1d (all-linear)",
+}
+
+
+def families() -> list:
+    """The causal-LM model types of the installed transformers, less NOT_BUILT."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    return [t for t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if t not in NOT_BUILT]
+
+
+def _settable(config, name: str) -> bool:
+    prop = getattr(type(config), name, None)
+    return hasattr(config, name) and not (isinstance(prop, property) and prop.fset is None)
+
+
+def tiny_config(model_type: str):
+    """`model_type`'s config with SMALL's sizes and its OVERRIDES."""
+    from transformers import AutoConfig
+
+    cls = type(AutoConfig.for_model(model_type))
+    default, names = cls(), getattr(cls, "attribute_map", {})
+    values = {**{k: v for k, v in SMALL.items() if _settable(default, k)}, **OVERRIDES.get(model_type, {})}
+    return cls(**{names.get(k, k): v for k, v in values.items()})
+
+
+def tiny_peft_model(model_type: str, seed: int):
+    """A tiny `model_type` causal LM with a random PEFT LoRA (r=4) on every linear layer."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        base = AutoModelForCausalLM.from_config(tiny_config(model_type)).eval()
+        with torch.no_grad():  # matrices a family initializes constant (AFMoE's router: zeros, every score a tie)
+            for weight in base.parameters():
+                if weight.dim() >= 2 and weight.is_floating_point() and bool((weight == weight.flatten()[0]).all()):
+                    weight.normal_(0.0, 0.2)
+        return get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                               init_lora_weights=False)).eval()

@@ -1,0 +1,107 @@
+"""The architecture sweep: each causal-LM family of the installed transformers as a tiny
+random-weight model with PEFT LoRA on every linear layer (tests/architectures.py), exported
+once, compiled single-tenant (the adapter merged) and multi-tenant (max_adapters, the adapter
+loaded from its save_pretrained directory), each module run at two shapes against PEFT.
+
+The default run takes FAST; `make sweep` (`pytest -m sweep tests/test_architectures.py`) takes
+every family. A family StageML cannot compile must fail with one line of StageMLError
+(UNSUPPORTED says which and why); the README lists the outcome of the last sweep.
+"""
+
+import random
+
+import pytest
+import torch
+from torch.export import Dim
+
+import stageml
+from architectures import families, tiny_peft_model
+from models import CausalLM, rel_err
+from stageml.compiler import frontend
+from stageml.errors import StageMLError
+
+FAST = ("llama", "gpt2", "opt", "falcon", "gpt_bigcode", "gemma2", "phi3", "gpt_neox", "qwen3_moe")
+BOUND = 1e-4
+BOUNDS = {}  # family -> its measured bound where above BOUND, with why
+_FIXED_SEQ = (r"torch.export failed on the model.*Constraints violated \(seq\)",
+              "the model fixes the sequence length (a chunked scan or linear attention, or positions of a fixed "
+              "length): torch.export refuses a dynamic sequence dim")
+_ALLOCA = (r"IREE failed to compile the residual at .*'memref.alloca' op all stack allocations need to be hoisted",
+           "IREE 3.13's CPU codegen stops on a dispatch of the model's attention")
+_UNUSED = (r"targets module .*, which the residual was not compiled with LoRA on",
+           "PEFT's all-linear adapts layers this forward never runs (a decoder's cross-attention, a vision tower); "
+           "the loader refuses factors for a layer the residual has no LoRA site for")
+UNSUPPORTED = {  # family or "family-mode" -> (a regex of the one-line StageMLError it raises, why)
+    **dict.fromkeys(["aria_text", "bailing_hybrid", "bamba", "cpmant", "granitemoehybrid", "jamba", "kimi_linear"],
+                    _FIXED_SEQ),
+    **dict.fromkeys(["beam", "flint", "inkling_text"], _ALLOCA),
+    **dict.fromkeys(["bart-multi", "blenderbot-multi", "mbart-multi", "git-multi", "got_ocr2-multi"], _UNUSED),
+}
+SHAPES = {"single": [(1, 7), (3, 4)], "multi": [(2, 7), (3, 4)]}
+VOCAB = 128
+
+
+def _params():
+    return [pytest.param(f, id=f, marks=() if f in FAST else pytest.mark.sweep) for f in families()]
+
+
+@pytest.fixture(scope="module", params=_params())
+def family(request, tmp_path_factory):
+    """(name, PEFT model, its export with dynamic batch and sequence, its adapter directory)."""
+    name = request.param
+    seed = random.randrange(1 << 16)
+    print(f"{name}: seed {seed}")
+    model = tiny_peft_model(name, seed)
+    directory = tmp_path_factory.mktemp(name.replace("-", "_"))
+    model.save_pretrained(str(directory / "adapter"))
+    ids = torch.randint(0, VOCAB, (2, 5))
+    dims = {"ids": {0: Dim("batch", max=16), 1: Dim("seq", max=32)}}
+    try:
+        exported = frontend.export(CausalLM(model).eval(), (ids,), dims)
+    except StageMLError as e:
+        exported = e
+    return name, model, exported, directory
+
+
+def _reference(model, ids, adapter: bool):
+    with torch.no_grad():
+        if adapter:
+            return model(input_ids=ids).logits
+        with model.disable_adapter():
+            return model(input_ids=ids).logits
+
+
+def _compile(family, mode: str):
+    name, model, exported, directory = family
+    if isinstance(exported, StageMLError):
+        raise exported
+    options = dict(max_adapters=2, max_rank=8) if mode == "multi" else {}
+    art = stageml.compile(exported, **options)
+    mod = art.load(str(directory / f"{mode}.vmfb"))
+    if mode == "multi":
+        mod.load_adapter("a", str(directory / "adapter"))
+    return mod
+
+
+@pytest.mark.parametrize("mode", ["single", "multi"])
+def test_family_matches_peft(family, mode):
+    name, model = family[:2]
+    unsupported = UNSUPPORTED.get(f"{name}-{mode}", UNSUPPORTED.get(name))
+    if unsupported is not None:
+        pattern, _ = unsupported
+        with pytest.raises(StageMLError, match=pattern) as e:
+            _compile(family, mode)
+        assert "\n" not in str(e.value)
+        return
+    mod = _compile(family, mode)
+    bound = BOUNDS.get(name, (BOUND,))[0]
+    for rows, tokens in SHAPES[mode]:
+        ids = torch.randint(0, VOCAB, (rows, tokens))
+        if mode == "single":
+            assert rel_err(mod(ids), _reference(model, ids, True)) <= bound, (name, rows, tokens)
+            continue
+        adapters = ["a", None, "a"][:rows]
+        out = mod.run_batch(ids, adapters=adapters)
+        for i, adapter in enumerate(adapters):
+            expected = _reference(model, ids[i:i + 1], adapter is not None)
+            assert rel_err(out[i:i + 1], expected) <= bound, (name, mode, rows, tokens, i)
