@@ -37,6 +37,8 @@ NOT_BUILT = {  # family -> why no tiny model of it is built here
     "dbrx": "its attention config takes no rope_theta from the top-level config (AttributeError)",
     "lfm2_moe": "its config needs layer types SMALL does not give (TypeError in the model's init)",
     "falcon_mamba": "PEFT refuses LoRA on its out_proj / conv1d (all-linear)",
+    "phimoe": "PEFT's all-linear wraps its router, a Linear whose forward returns a tuple: the PEFT model fails in eager",
+    "deepseek_v2": _MLA,
 }
 
 
