@@ -106,7 +106,7 @@ def cache_shapes(model) -> dict:
     """{layer: ((key heads, key dim), (value heads, value dim))} of the layers of `model` that
     cache keys and values, as one token through the model writes them (so multi-query attention,
     a config's own name for its KV heads, or keys and values of different widths need no rule)."""
-    shapes, token = _CacheShapes(), torch.zeros(1, 1, dtype=torch.int64)
+    shapes, token = _CacheShapes(), torch.zeros(1, 1, dtype=torch.int64, device=next(model.parameters()).device)
     with torch.no_grad():
         _logits(model, token, token, shapes, 1)
     return shapes.layers
