@@ -121,14 +121,18 @@ def bench_torch(fn, calls: int = 200, warmup: int = 20) -> float:
 
 
 def kernel_times(call) -> dict:
-    """The GPU's side of `call`: medians over PROFILED_CALLS calls of the summed kernel time, the
-    span from first kernel start to last kernel end (µs), and the kernels per call."""
+    """The GPU's side of `call`, and the CUDA API calls the host made for it: medians over
+    PROFILED_CALLS calls of the summed kernel time, the span from first kernel start to last
+    kernel end (µs), the kernels per call, and per API function (runtime or driver, whichever
+    thread called it: IREE's included) its calls and summed µs per call, with the host's wall time
+    per call (from one marker launch to the next)."""
     marker = torch.zeros(1, device="cuda")
     call()
     torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with tempfile.TemporaryDirectory() as scratch:
         trace = os.path.join(scratch, "trace.json")
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        with torch.profiler.profile(activities=activities) as prof:
             for i in range(PROFILED_CALLS):
                 marker.fill_(i)
                 call()
@@ -136,10 +140,12 @@ def kernel_times(call) -> dict:
             torch.cuda.synchronize()
         prof.export_chrome_trace(trace)
         with open(trace) as f:
-            events = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel" and e.get("ph") == "X"]
-    events.sort(key=lambda e: e["ts"])
+            events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    api = sorted((e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")), key=lambda e: e["ts"])
+    markers = {e["args"].get("correlation") for e in kernels if "FillFunctor" in e["name"]}
     calls, current = [], None
-    for e in events:
+    for e in kernels:
         if "FillFunctor" in e["name"]:
             if current:
                 calls.append(current)
@@ -148,15 +154,31 @@ def kernel_times(call) -> dict:
             current.append(e)
     if len(calls) != PROFILED_CALLS or not all(calls):
         print(f"CUPTI saw {len(events)} kernels in {len(calls)} calls: no kernel times", flush=True)
-        return {"busy": float("nan"), "span": float("nan"), "kernels": 0, "by kernel": {}}
+        return {"busy": float("nan"), "span": float("nan"), "kernels": 0, "by kernel": {}, "by api": {}}
     by_kernel = {}
     for c in calls:
         for e in c:
             by_kernel.setdefault(e["name"], []).append(e["dur"])
+    # the host's side: API calls between one marker's launch and the next
+    ends = {}
+    for e in api:
+        if e["args"].get("correlation") in markers:
+            ends[e["args"]["correlation"]] = max(ends.get(e["args"]["correlation"], 0), e["ts"] + e["dur"])
+    bounds = sorted(ends.values())
+    per_call = [[e for e in api if a <= e["ts"] < b] for a, b in zip(bounds, bounds[1:])]
+    by_api, walls = {}, [b - a for a, b in zip(bounds, bounds[1:])]
+    if len(per_call) == PROFILED_CALLS:
+        for name in {e["name"] for c in per_call for e in c}:
+            mine = [[e["dur"] for e in c if e["name"] == name] for c in per_call]
+            by_api[name] = (statistics.median(len(m) for m in mine), statistics.median(sum(m) for m in mine))
+        by_api["(wall time, marker to marker)"] = (1, statistics.median(walls))
+    else:
+        print(f"CUPTI saw {len(bounds)} marker launches for {PROFILED_CALLS} calls: no API times", flush=True)
     return {"busy": statistics.median(sum(e["dur"] for e in c) for c in calls),
             "span": statistics.median(c[-1]["ts"] + c[-1]["dur"] - c[0]["ts"] for c in calls),
             "kernels": statistics.median(len(c) for c in calls),
-            "by kernel": {name: (len(d) / PROFILED_CALLS, statistics.median(d)) for name, d in by_kernel.items()}}
+            "by kernel": {name: (len(d) / PROFILED_CALLS, statistics.median(d)) for name, d in by_kernel.items()},
+            "by api": by_api}
 
 
 def state_flags(mod, scratch: str, tag: str) -> list:
