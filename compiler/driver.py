@@ -65,6 +65,9 @@ SPLIT_PIPELINE = [("bt-split", None), ("group-experts", None), ("index-bounds", 
 # After partial evaluation: parameters first (they remove @static), then the
 # resident tables, then the products that read them.
 RESIDUAL_PIPELINE = [("use-parameters", None), ("resident-state", None), ("fuse-gathers", None)]
+# After the target's passes: the runtime checks ahead of the work (CSE'd first, so that
+# repeats are one condition), then the entry points' reflection.
+FINAL_PIPELINE = [("cse", None), ("hoist-asserts", None), ("entry-reflection", None)]
 
 
 @dataclasses.dataclass
@@ -134,7 +137,7 @@ def _iree(c: Compilation) -> None:
     c.folded = evaluate_static(c.module, c.weights)
     _share_folded(c)
     with c.module.context:
-        run_passes(c.module, RESIDUAL_PIPELINE + get_target(c.options).passes() + [("entry-reflection", None)],
+        run_passes(c.module, RESIDUAL_PIPELINE + get_target(c.options).passes() + FINAL_PIPELINE,
                    c.stats)
 
 

@@ -61,3 +61,24 @@ def rel_err(actual, expected) -> float:
         return v.detach().double() if torch.is_tensor(v) else torch.from_numpy(np.asarray(v, dtype=np.float64))
     actual, expected = as_f64(actual), as_f64(expected)
     return float((actual - expected).norm() / expected.norm())
+
+
+def submissions(art, symbol: str) -> int:
+    """The queue submissions a call of entry point `symbol` makes: the execution regions
+    (stream.cmd.execute) of the residual's IREE input lowered to IREE's stream dialect."""
+    from iree import compiler as iree_compiler
+    from iree.compiler import ir
+
+    backend = {"local-task": "llvm-cpu", "cuda": "cuda"}[art.target["device"]]
+    text = iree_compiler.compile_str(art.mlir["iree"], target_backends=[backend], extra_args=["--compile-to=stream"])
+    regions = []
+
+    def visit(op):
+        if op.name == "util.func" and ir.StringAttr(op.attributes["sym_name"]).value == symbol:
+            op.walk(lambda inner: regions.append(inner.name == "stream.cmd.execute") or ir.WalkResult.ADVANCE)
+            return ir.WalkResult.SKIP
+        return ir.WalkResult.ADVANCE
+
+    with ir.Context():
+        ir.Module.parse(text).operation.walk(visit)
+    return sum(regions)
