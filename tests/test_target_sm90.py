@@ -14,7 +14,7 @@ from iree.compiler import ir
 from torch.export import Dim
 
 import stageml
-from models import LoraLinear, rel_err
+from models import LoraLinear, peft_llama, rel_err, submissions
 from stageml.compiler.sm90 import build
 from stageml.tools import stagemlc
 from test_target_cuda import _has_cuda
@@ -106,6 +106,26 @@ def _peft_rows(models: dict, names: list, x) -> torch.Tensor:
             else:
                 expected[i] = wide(x[i:i + 1].double())[0]
     return expected
+
+
+@needs_nvcc
+def test_a_call_is_one_queue_submission():
+    """The runtime checks (bt-gather's row check a LoRA site, torch-mlir's shape checks) run ahead of
+    the work (hoist-asserts), so IREE submits each call's dispatches together: one execution region
+    for a two-site decode residual's calls and for a Llama's with dynamic batch and sequence."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(256, 256, bias=False), torch.nn.Linear(256, 256, bias=False))
+    two_sites = get_peft_model(base, LoraConfig(r=8, target_modules=["0", "1"], init_lora_weights=False)).half()
+    art = stageml.compile(two_sites.eval(), (torch.randn(3, 256).half(),), dynamic_shapes=DECODE_ROWS,
+                          target="sm90", max_adapters=4, max_rank=8)
+    assert art.report.custom_kernels == {"stageml_gemm_wgmma": 2, "stageml_gemm_lora": 2}
+    assert {e["symbol"]: submissions(art, e["symbol"]) for e in art.entry_points if e["stage"] == "dynamic"} == \
+        {"forward": 1, "forward_factorized": 1}
+    llama = stageml.compile(peft_llama().half(), (torch.randint(0, 128, (2, 16)),), target="sm90",
+                            dynamic_shapes={"ids": {0: Dim("batch", max=8), 1: Dim("seq", min=2, max=64)}})
+    assert submissions(llama, "forward") == 1
 
 
 @needs_nvcc
