@@ -46,13 +46,19 @@ def _scalar(op) -> bool:
     return not any(isinstance(r.type, ir.ShapedType) for r in op.results)
 
 
-def _ancestor_in(op, block):
-    """The op of `block` that is or holds `op`, or None where `op` is outside `block`."""
-    while op is not None:
-        if op.block == block:
-            return op
-        op = op.parent
-    return None
+def _asserts(op) -> list:
+    """[(block, [its cf.assert ops in order])] of every block nested in `op`."""
+    found = []
+    for region in op.regions:
+        for block in region.blocks:
+            mine = []
+            for inner in block.operations:
+                if inner.operation.name == "cf.assert":
+                    mine.append(inner.operation)
+                found += _asserts(inner.operation)
+            if mine:
+                found.append((block, mine))
+    return found
 
 
 def _latest(ops: list):
@@ -74,8 +80,14 @@ class _Block:
         self.position = {op.operation: i for i, op in enumerate(block.operations)}  # before any move
         self.moved = []
 
+    def _here(self, op):
+        """The op of this block that is or holds `op`, or None where `op` is outside it."""
+        while op is not None and op not in self.position:
+            op = op.parent
+        return op
+
     def _move(self, op) -> None:
-        operands = [_ancestor_in(d, self.block) for d in map(defining_op, op.operands) if d is not None]
+        operands = [self._here(d) for d in map(defining_op, op.operands) if d is not None]
         before = [m for m in self.moved if self.position[m] < self.position[op]]
         anchor = _latest(operands + before)
         if anchor is not None:
@@ -86,7 +98,7 @@ class _Block:
 
     def hoist(self, op) -> None:
         """Moves `op` (a cf.assert or scalar arithmetic of this block) and, first, the arithmetic it uses."""
-        if op.block != self.block or op in self.moved or not (op.name == "cf.assert" or _scalar(op)):
+        if op not in self.position or op in self.moved or not (op.name == "cf.assert" or _scalar(op)):
             return
         for value in op.operands:
             definition = defining_op(value)
@@ -97,28 +109,20 @@ class _Block:
 
 def hoist_asserts(module_op) -> tuple[int, int]:
     """Hoists and deduplicates every cf.assert; returns (kept, dropped)."""
-    asserts = []
-
-    def visit(op):
-        if op.name == "cf.assert":
-            asserts.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module_op.walk(visit)
-    blocks, kept, dropped = [], [], 0
-    for op in asserts:
-        condition, message = op.operands[0], ir.StringAttr(op.attributes["msg"]).value
-        if any(b == op.block and c == condition and m == message for b, c, m in kept):
-            op.erase()
-            dropped += 1
-            continue
-        kept.append((op.block, condition, message))
-        moves = next((b for b in blocks if b.block == op.block), None)
-        if moves is None:
-            moves = _Block(op.block)
-            blocks.append(moves)
-        moves.hoist(op)
-    return len(kept), dropped
+    kept = dropped = 0
+    for block, asserts in _asserts(module_op):
+        moves, seen = _Block(block), []
+        for op in asserts:
+            key = (op.operands[0], ir.StringAttr(op.attributes["msg"]).value)
+            if key in seen:
+                del moves.position[op]
+                op.erase()
+                dropped += 1
+            else:
+                seen.append(key)
+                moves.hoist(op)
+                kept += 1
+    return kept, dropped
 
 
 @register("hoist-asserts", "runtime assertions and the size arithmetic of their conditions ahead of the work, "
