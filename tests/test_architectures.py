@@ -22,7 +22,11 @@ from stageml.errors import StageMLError
 
 FAST = ("llama", "gpt2", "opt", "falcon", "gpt_bigcode", "gemma2", "phi3", "gpt_neox", "qwen3_moe")
 BOUND = 1e-4
-BOUNDS = {}  # family -> its measured bound where above BOUND, with why
+BOUNDS = {  # family -> its measured bound where above BOUND, with why
+    "gemma2": (1e-3, "gelu_pytorch_tanh (aten.gelu, approximate='tanh') as compiled is less exact than PyTorch's: "
+                     "1.2e-4 to 3.5e-4 against float64 over 6 seeds of 60 rows (PyTorch's float32: 6e-7); 1e-6 with "
+                     "the exact GELU, and GPT-2's gelu_new, the same formula written out, is at 1e-6"),
+}
 _FIXED_SEQ = (r"torch.export failed on the model.*Constraints violated \(seq\)",
               "the model fixes the sequence length (a chunked scan or linear attention, or positions of a fixed "
               "length): torch.export refuses a dynamic sequence dim")
