@@ -38,6 +38,7 @@ from iree.compiler import ir
 from stageml.compiler.passes import register
 from stageml.compiler.residual_ir import defining_op
 
+
 def _scalar(op) -> bool:
     """Size arithmetic free to move: no regions, no side effects, no tensor results."""
     name = op.name
@@ -78,7 +79,7 @@ class _Block:
     def __init__(self, block):
         self.block = block
         self.position = {op.operation: i for i, op in enumerate(block.operations)}  # before any move
-        self.moved = []
+        self.moved, self.done = [], set()  # in order, and for lookups
 
     def _here(self, op):
         """The op of this block that is or holds `op`, or None where `op` is outside it."""
@@ -95,16 +96,22 @@ class _Block:
         elif self.block.operations[0] != op:
             op.move_before(self.block.operations[0])
         self.moved.append(op)
+        self.done.add(op)
 
     def hoist(self, op) -> None:
-        """Moves `op` (a cf.assert or scalar arithmetic of this block) and, first, the arithmetic it uses."""
-        if op not in self.position or op in self.moved or not (op.name == "cf.assert" or _scalar(op)):
-            return
-        for value in op.operands:
-            definition = defining_op(value)
-            if definition is not None:
-                self.hoist(definition)
-        self._move(op)
+        """Moves `op` (a cf.assert or scalar arithmetic of this block) and, first, the arithmetic it
+        uses (depth first, by a stack: a chain of sizes may be long)."""
+        stack = [(op, False)]
+        while stack:
+            current, ready = stack.pop()
+            if current not in self.position or current in self.done or not (
+                    current.name == "cf.assert" or _scalar(current)):
+                continue
+            if ready:
+                self._move(current)
+                continue
+            stack.append((current, True))
+            stack += [(d, False) for d in map(defining_op, reversed(list(current.operands))) if d is not None]
 
 
 def hoist_asserts(module_op) -> tuple[int, int]:
