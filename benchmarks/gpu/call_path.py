@@ -37,7 +37,6 @@ IREE can record the call's command buffer once and reuse it (memoization).
 import gc
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,7 +52,7 @@ from peer import STACK, Weights, mapping, stack_module  # noqa: E402
 import stageml  # noqa: E402
 from iree import runtime as iree_rt  # noqa: E402
 from stageml.compiler.facts import IDS  # noqa: E402
-from stageml.runtime.module import CUDA_ALLOCATORS, CUDA_FLAGS, _check_input  # noqa: E402
+from stageml.runtime.module import _check_input  # noqa: E402
 
 SHAPES = [("decode", 1, 1), ("decode", 32, 32), ("prefill", 256, 4)]
 # (label, residual stack-tenants-f16-sm90{suffix}, its shapes): the one for any rows (a LoRA site a BGMV and
@@ -65,32 +64,6 @@ OPTIONS = {
     "CUDA graphs": ["--cuda_use_streams=false"],
     "streams, inline execution": ["--cuda_allow_inline_execution=true"],
 }
-
-
-PROFILE_MODES = ("queue-events,host-execution,device-queue-events,dispatch-events", "queue-events,dispatch-events",
-                 "dispatch-events", "queue-events")
-
-
-def iree_profile(vmfb: str, flags: list, function: str, scratch: str) -> str:
-    """IREE's own account of 20 calls of `function` (iree-benchmark-module with HAL profiling, then
-    `iree-profile explain` and `statistics`): the first of PROFILE_MODES the CUDA HAL takes."""
-    tools = os.path.dirname(BENCH)
-    for mode in PROFILE_MODES:
-        bundle = os.path.join(scratch, "call.ireeprof")
-        done = subprocess.run([BENCH, f"--module={vmfb}", "--device=cuda", f"--parameters=model={vmfb[:-5]}.irpa",
-                               f"--function={function}", *CUDA_FLAGS, *(f"--device_allocator={a}" for a in CUDA_ALLOCATORS),
-                               *flags, "--benchmark_min_time=20x",
-                               f"--device_profiling_mode={mode}", f"--device_profiling_output={bundle}"],
-                              capture_output=True, text=True)
-        if done.returncode == 0:
-            text = [f"profiling mode {mode}"]
-            for command in ("explain", "statistics"):
-                shown = subprocess.run([os.path.join(tools, "iree-profile"), command, bundle],
-                                       capture_output=True, text=True)
-                text.append(shown.stdout + shown.stderr)
-            return "\n".join(text)
-        print(f"profiling mode {mode}: {done.stderr.strip()[-300:]}", flush=True)
-    return "(the CUDA HAL took none of the profiling modes)"
 
 
 def device_invoke(mod, entry: dict, values: dict):
@@ -154,8 +127,7 @@ def stack_rows(art_dir: str, scratch: str) -> tuple[list, dict]:
                    "invoke": bench_host(device_invoke(mod, entry, {"x": to_numpy(x), IDS: ids})),
                    "torch": bench_host(lambda: mod.run_batch(x, names)),
                    "numpy": bench_host(lambda: mod.run_batch(to_numpy(x), names)),
-                   "exported": mod._exports, "steps": host_steps(mod, entry, x, names),
-                   "profile": iree_profile(vmfb, flags, entry["symbol"], scratch)}
+                   "exported": mod._exports, "steps": host_steps(mod, entry, x, names)}
             rows.append(row)
             print(row, flush=True)
             if count == 32 and not suffix:
@@ -232,11 +204,6 @@ def report(rows: list, options: dict) -> str:
     for r in rows:
         for name, (count, us) in sorted(r["by api"].items(), key=lambda item: -item[1][1]):
             lines.append(f"| {r['call']} | `{name}` | {count:.0f} | {us:.1f} |")
-    lines += ["", "IREE's HAL profile of each call (iree-benchmark-module --device_profiling_mode, 20 calls; "
-              "`iree-profile explain` and `statistics`):", ""]
-    for r in rows:
-        if "profile" in r:
-            lines += [f"### {r['call']}", "", "```", r["profile"].strip(), "```", ""]
     lines += ["", "IREE's runtime options on the decode-32 stack call (iree-benchmark-module, µs per call):", "",
               "| option | µs |", "|---|---:|"]
     lines += [f"| {name} | {us:.0f} |" for name, us in options.items()]
