@@ -48,7 +48,7 @@ if wanted call-path; then
   python3 benchmarks/gpu/call_path.py "$ART" "$REPORT/call-path.md" > "$REPORT/call-path.log" 2>&1 || status=1
 fi
 {
-  echo "# StageML on an H200"
+  echo "# StageML on an $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
   echo
   echo "- GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
   echo "- $(python3 -c 'import torch, cupy; print(f"torch {torch.__version__}, cupy {cupy.__version__}")'), IREE runtime 3.13.0"
