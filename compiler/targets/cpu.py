@@ -144,13 +144,75 @@ def _data_tiling(module, features: frozenset) -> tuple:
     crashes iree-compile on bf16 models (tiny Llama, Mixtral, the tenant and expert-LoRA
     tests), so bf16 there is compiled without data tiling. Other modules crash the
     dispatch-creation path too (Qwen2-MoE in f32: a linalg.pack of a 1-D matmul
-    accumulator lowered to loops); they compile by the global-optimization path."""
+    accumulator lowered to loops); they compile by the global-optimization path. A module
+    whose batch matmul takes an operand normalized at request time (`_normalized_batch_matmul`)
+    takes that path too: the dispatch-creation path computes it wrong without a word."""
     half = _half_types(module) if module is not None else set()
     if "bf16" in half and "avx512bf16" not in features:
         return ("--iree-opt-data-tiling=false",)
-    if half:
+    if half or (module is not None and _normalized_batch_matmul(module)):
         return ("--iree-global-opt-data-tiling", "--iree-opt-data-tiling=false")
     return ("--iree-opt-data-tiling", "--iree-global-opt-data-tiling", "--iree-opt-data-tiling=false")
+
+
+_VIEWS = ("tensor.collapse_shape", "tensor.expand_shape", "linalg.transpose", "linalg.broadcast")
+
+
+def _operations(op):
+    """Every operation nested in `op`, in order."""
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                yield inner.operation
+                yield from _operations(inner.operation)
+
+
+def _sources(value, reduction, views=_VIEWS) -> list:
+    """The operations `value` is computed from through `views` and elementwise linalg.generic
+    ops: reductions, products, loads, other views (each once)."""
+    from iree.compiler import ir
+    found, stack, seen = [], [value], set()
+    while stack:
+        owner = stack.pop().owner
+        if isinstance(owner, ir.Block):
+            continue
+        op = owner.operation
+        if op in seen:
+            continue
+        seen.add(op)
+        if op.name in views:
+            stack.append(op.operands[0])
+        elif op.name == "linalg.generic" and reduction not in ir.ArrayAttr(op.attributes["iterator_types"]):
+            stack.extend(op.opview.inputs)
+        else:
+            found.append(op)
+    return found
+
+
+def _normalized_batch_matmul(module) -> bool:
+    """Whether a linalg.batch_matmul of `module` takes an operand normalized, at request time,
+    over a transposed tensor: a reduction's result combined elementwise into the operand, the
+    reduction's input a linalg.transpose's result (HunYuan-V1-Dense's RMSNorm of the rotated
+    queries [B, heads, T, dim] before Q·Kᵀ; Qwen3 normalizes before the transpose).
+
+    IREE 3.13's dispatch-creation data tiling computes that product wrong without a word
+    (HunYuan-V1-Dense: rel. err. 0.3-1.0 from two tokens on) or stops with "'memref.alloca'
+    op all stack allocations need to be hoisted" (the norm straight into the product); the
+    global-optimization path computes both right. Not reported upstream as far as IREE's
+    tracker shows; the compile error is the symptom of iree-org/iree#14406 (closed)."""
+    from iree.compiler import ir
+    reduction = ir.Attribute.parse("#linalg.iterator_type<reduction>", module.context)
+    untransposed = tuple(v for v in _VIEWS if v != "linalg.transpose")
+    for op in _operations(module.operation):
+        if op.name != "linalg.batch_matmul":
+            continue
+        for operand in op.opview.inputs:
+            for source in _sources(operand, reduction):
+                if source.name == "linalg.generic" and any(
+                        s.name == "linalg.transpose"
+                        for i in source.opview.inputs for s in _sources(i, reduction, untransposed)):
+                    return True
+    return False
 
 
 def _half_types(module) -> set:
