@@ -4,6 +4,7 @@ import functools
 import json
 import math
 import os
+import re
 
 import numpy as np
 import pydantic
@@ -275,6 +276,15 @@ class ResidualModule:
             if not refused:
                 raise
             raise InputError(f"the residual refused the call: {refused}") from None
+        except ValueError as e:  # IREE's check of an argument against the compiled signature (INVALID_ARGUMENT)
+            clauses = [c.strip() for c in str(e).partition("INVALID_ARGUMENT;")[2].split(";")[:2]]
+            argument = re.match(r"input(\d+) ", clauses[0])
+            if argument is None or int(argument.group(1)) >= len(entry["arguments"]):
+                raise
+            name = entry["arguments"][int(argument.group(1))]["name"]
+            raise InputError(f"the residual refused {name!r} ({'; '.join(clauses)}): IREE compiled it for fewer shapes "
+                             "than its export allows, so call it with the shape IREE expects, or export that "
+                             "dimension static") from None
         arrays = [iree_rt.DeviceArray(self._config.device, results.get_as_object(i, iree_rt.HalBufferView),
                                       implicit_host_transfer=True, override_dtype=dtype)
                   for i, dtype in enumerate(dtypes)]

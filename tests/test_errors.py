@@ -13,6 +13,7 @@ from torch.export import Dim
 
 import stageml
 from models import MLP
+from stageml.errors import InputError
 from stageml.tools import stagemlc
 
 STAGEMLC = [sys.executable, "-m", "stageml.tools.stagemlc"]
@@ -385,3 +386,14 @@ def test_resumed_compile_with_damaged_weights(mlp_artifact, tmp_path, damage):
         match = "the weights lack 'fc1.weight'"
     with pytest.raises(stageml.StageMLError, match=match):
         stageml.compile(str(tmp_path / "model.split.mlir"))
+
+
+def test_an_argument_the_compiled_signature_refuses_is_an_input_error(tmp_path):
+    """IREE's own check of an argument against the compiled function (where IREE fixed a
+    dimension the manifest leaves open: Inkling's batch) is a one-line InputError naming
+    the input, not IREE's ValueError."""
+    model = MLP().eval()
+    mod = stageml.compile(model, (torch.randn(3, 32),)).load(str(tmp_path / "mlp.vmfb"))
+    with pytest.raises(InputError, match=r"^the residual refused 'x' \(input0 shape dimension 0 mismatch; "
+                                         r"expected 3 but have 5\): .*export that dimension static$"):
+        mod._call(mod.entry("dynamic"), {"x": np.zeros((5, 32), np.float32)}, mod.state)
