@@ -17,28 +17,31 @@ SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_l
              num_experts_per_tok=2, moe_intermediate_size=32, d_model=64, decoder_layers=2, decoder_attention_heads=4,
              decoder_ffn_dim=128, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128)
 
+# MLA attention (DeepSeek V2/V3 and their kin): its own ranks and head dims, and as many KV heads
+# as query heads (its keys' shared rope part is expanded to every head)
+_MLA_SIZES = dict(kv_lora_rank=32, q_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                  head_dim=8, num_key_value_heads=4)
+_MOE_GROUPS = dict(first_k_dense_replace=1, n_group=1, topk_group=1)
 OVERRIDES = {  # family -> config values beside SMALL
-    "deepseek_v2": dict(kv_lora_rank=32, q_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
-                        first_k_dense_replace=1),
-    "deepseek_v3": dict(kv_lora_rank=32, q_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
-                        first_k_dense_replace=1, n_group=1, topk_group=1),
+    "deepseek_v2": dict(_MLA_SIZES, first_k_dense_replace=1),
+    "deepseek_v3": dict(_MLA_SIZES, **_MOE_GROUPS), "deepseek_v32": dict(_MLA_SIZES, **_MOE_GROUPS),
+    "glm4_moe_lite": dict(_MLA_SIZES, **_MOE_GROUPS),
+    "minicpm3": _MLA_SIZES, "longcat_flash": _MLA_SIZES, "axk2": _MLA_SIZES,
 }
 
 _TOWER = "a multimodal model: its vision or audio tower keeps its full default size (GBs)"
-_MLA = "its attention's own head dims (MLA: q/kv LoRA ranks, rope and nope dims) do not follow SMALL: eager fails"
+_MLA = "its attention's own head dims do not follow SMALL's, nor _MLA_SIZES: eager fails"
 _LAYERS = "its config lists per-layer values for its default depth: SMALL's 2 layers fail its validation"
 NOT_BUILT = {  # family -> why no tiny model of it is built here
     "dots3_note": _TOWER, "emu3": _TOWER, "fuyu": _TOWER, "gemma3": _TOWER, "gemma4": _TOWER,
     "gemma4_unified": _TOWER, "gemma3n": "its vision tower needs timm and PIL, not installed",
-    "axk1": _MLA, "axk2": _MLA, "deepseek_v3": _MLA, "deepseek_v4": _MLA, "glm4_moe_lite": _MLA,
-    "longcat_flash": _MLA, "minicpm3": _MLA,
+    "axk1": _MLA, "deepseek_v4": _MLA,
     "gpt_neo": _LAYERS, "gemma4_assistant": _LAYERS, "gemma4_unified_assistant": _LAYERS,
     "dots3_note_text": "its heads are per-layer attributes (AmbiguousGlobalPerLayerAttributeError)",
     "dbrx": "its attention config takes no rope_theta from the top-level config (AttributeError)",
     "lfm2_moe": "its config needs layer types SMALL does not give (TypeError in the model's init)",
     "falcon_mamba": "PEFT refuses LoRA on its out_proj / conv1d (all-linear)",
     "phimoe": "PEFT's all-linear wraps its router, a Linear whose forward returns a tuple: the PEFT model fails in eager",
-    "deepseek_v2": _MLA,
 }
 
 

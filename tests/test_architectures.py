@@ -35,12 +35,24 @@ _ONE_ROW = (r"the residual refused 'ids' \(input\d+ shape dimension 0 mismatch; 
 _UNUSED = (r"targets module .*, which the residual was not compiled with LoRA on",
            "PEFT's all-linear adapts layers this forward never runs (a decoder's cross-attention, a vision tower); "
            "the loader refuses factors for a layer the residual has no LoRA site for")
+_TOP_KEYS = (r"torch.export failed on the model .*satisfy the generated guard min\(2048, L\['ids'\]\.size\(\)\[1\]\)",
+             "its sparse attention's indexer keeps min(2048, seq) keys: torch.export cannot prove "
+             "min(2048, seq) <= seq over a dynamic sequence")
 UNSUPPORTED = {  # family or "family-mode" -> (a regex of the one-line StageMLError it raises, why)
     **dict.fromkeys(["aria_text", "bailing_hybrid", "bamba", "cpmant", "granitemoehybrid", "jamba", "kimi_linear"],
                     _FIXED_SEQ),
     "inkling_text": _ONE_ROW,
     "jetmoe": (r"failed to legalize operation 'torch.constant.int'",
                "torch-mlir's backend lowering leaves a torch.constant.int of its MoE attention unconverted"),
+    **dict.fromkeys(["axk2", "deepseek_v32"], _TOP_KEYS),
+    "deepseek_v2": (r"the model failed to lower to linalg: 'torch.aten._assert_tensor_metadata' op Failed to "
+                    r"canonicalize .* dtype does not match",
+                    "its rotary embedding is complex (torch.polar, view_as_complex): torch-mlir fails the dtype "
+                    "check of the complex tensor's .to()"),
+    "longcat_flash": (r"torch.export failed on the model at .*modeling_longcat_flash.py:\d+ "
+                      r"\(GuardOnDataDependentSymNode",
+                      "its MoE loops over the experts its tokens hit (nonzero, item), which StageML's expert export "
+                      "form does not replace: torch.export cannot trace that loop"),
     "mpt": (r"torch-mlir could not import the model: .*Max\(0, 1 - s\d+\)",
             "torch-mlir's FX importer cannot import the symbolic size Max(0, 1 - seq) of MPT's ALiBi positions"),
     **dict.fromkeys(["bart-multi", "blenderbot-multi", "mbart-multi", "git-multi", "got_ocr2-multi"], _UNUSED),
