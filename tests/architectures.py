@@ -26,7 +26,10 @@ OVERRIDES = {  # family -> config values beside SMALL
     "deepseek_v2": dict(_MLA_SIZES, first_k_dense_replace=1),
     "deepseek_v3": dict(_MLA_SIZES, **_MOE_GROUPS), "deepseek_v32": dict(_MLA_SIZES, **_MOE_GROUPS),
     "glm4_moe_lite": dict(_MLA_SIZES, **_MOE_GROUPS),
-    "minicpm3": _MLA_SIZES, "longcat_flash": _MLA_SIZES, "axk2": _MLA_SIZES,
+    "glm_moe_dsa": dict(_MLA_SIZES, **_MOE_GROUPS),
+    "minicpm3": _MLA_SIZES, "longcat_flash": _MLA_SIZES, "axk2": _MLA_SIZES, "youtu": _MLA_SIZES,
+    "dots1": dict(n_shared_experts=1),  # its config leaves the shared experts' count unset
+    "zaya": dict(num_experts_per_tok=1),  # the only top-k it takes
 }
 
 _TOWER = "a multimodal model: its vision or audio tower keeps its full default size (GBs)"
@@ -41,7 +44,10 @@ NOT_BUILT = {  # family -> why no tiny model of it is built here
     "dbrx": "its attention config takes no rope_theta from the top-level config (AttributeError)",
     "lfm2_moe": "its config needs layer types SMALL does not give (TypeError in the model's init)",
     "falcon_mamba": "PEFT refuses LoRA on its out_proj / conv1d (all-linear)",
-    "phimoe": "PEFT's all-linear wraps its router, a Linear whose forward returns a tuple: the PEFT model fails in eager",
+    "falcon_h1": "PEFT refuses LoRA on its Mamba layers' out_proj / conv1d (all-linear)",
+    "gemma4_text": "its head_dim is a per-layer attribute (AmbiguousGlobalPerLayerAttributeError)",
+    **dict.fromkeys(["phimoe", "llama4_text"], "PEFT's all-linear wraps its router, a Linear whose forward returns "
+                                                "a tuple: the PEFT model fails in eager"),
 }
 
 

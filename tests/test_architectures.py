@@ -39,12 +39,14 @@ _TOP_KEYS = (r"torch.export failed on the model .*satisfy the generated guard mi
              "its sparse attention's indexer keeps min(2048, seq) keys: torch.export cannot prove "
              "min(2048, seq) <= seq over a dynamic sequence")
 UNSUPPORTED = {  # family or "family-mode" -> (a regex of the one-line StageMLError it raises, why)
-    **dict.fromkeys(["aria_text", "bailing_hybrid", "bamba", "cpmant", "granitemoehybrid", "jamba", "kimi_linear"],
-                    _FIXED_SEQ),
+    **dict.fromkeys(["aria_text", "bailing_hybrid", "bamba", "cpmant", "granitemoehybrid", "jamba", "kimi_linear",
+                     "minimax", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"], _FIXED_SEQ),
+    "zaya": (_FIXED_SEQ[0], "its queries' and keys' convolution over the sequence branches on seq == 2: "
+                            "torch.export refuses a dynamic sequence dim"),
     "inkling_text": _ONE_ROW,
     "jetmoe": (r"failed to legalize operation 'torch.constant.int'",
                "torch-mlir's backend lowering leaves a torch.constant.int of its MoE attention unconverted"),
-    **dict.fromkeys(["axk2", "deepseek_v32"], _TOP_KEYS),
+    **dict.fromkeys(["axk2", "deepseek_v32", "glm_moe_dsa"], _TOP_KEYS),
     "deepseek_v2": (r"the model failed to lower to linalg: 'torch.aten._assert_tensor_metadata' op Failed to "
                     r"canonicalize .* dtype does not match",
                     "its rotary embedding is complex (torch.polar, view_as_complex): torch-mlir fails the dtype "
