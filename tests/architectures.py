@@ -44,8 +44,15 @@ NOT_BUILT = {  # family -> why no tiny model of it is built here
     "dbrx": "its attention config takes no rope_theta from the top-level config (AttributeError)",
     "lfm2_moe": "its config needs layer types SMALL does not give (TypeError in the model's init)",
     "falcon_mamba": "PEFT refuses LoRA on its out_proj / conv1d (all-linear)",
-    "falcon_h1": "PEFT refuses LoRA on its Mamba layers' out_proj / conv1d (all-linear)",
-    "gemma4_text": "its head_dim is a per-layer attribute (AmbiguousGlobalPerLayerAttributeError)",
+    **dict.fromkeys(["falcon_h1", "mamba", "nemotron_h"], "PEFT refuses LoRA on its Mamba layers' out_proj / conv1d "
+                                                         "(all-linear)"),
+    "mamba2": "its config needs heads x head_dim = hidden x expand (SMALL's do not), and PEFT refuses LoRA on Mamba's "
+              "out_proj / conv1d",
+    **dict.fromkeys(["zamba", "zamba2"], _LAYERS),
+    "gemma3n_text": "its config's cache-sharing layer types do not fit SMALL's 2 layers (ValueError in its validation)",
+    "cohere_compass_text": "its config needs layer types SMALL does not give (KeyError 'full_attention')",
+    **dict.fromkeys(["gemma4_text", "gemma4_unified_text"],
+                    "its head_dim is a per-layer attribute (AmbiguousGlobalPerLayerAttributeError)"),
     **dict.fromkeys(["phimoe", "llama4_text"], "PEFT's all-linear wraps its router, a Linear whose forward returns "
                                                 "a tuple: the PEFT model fails in eager"),
 }
