@@ -158,15 +158,6 @@ def _data_tiling(module, features: frozenset) -> tuple:
 _VIEWS = ("tensor.collapse_shape", "tensor.expand_shape", "linalg.transpose", "linalg.broadcast")
 
 
-def _operations(op):
-    """Every operation nested in `op`, in order."""
-    for region in op.regions:
-        for block in region.blocks:
-            for inner in block.operations:
-                yield inner.operation
-                yield from _operations(inner.operation)
-
-
 def _sources(value, reduction, views=_VIEWS) -> list:
     """The operations `value` is computed from through `views` and elementwise linalg.generic
     ops: reductions, products, loads, other views (each once)."""
@@ -203,16 +194,21 @@ def _normalized_batch_matmul(module) -> bool:
     from iree.compiler import ir
     reduction = ir.Attribute.parse("#linalg.iterator_type<reduction>", module.context)
     untransposed = tuple(v for v in _VIEWS if v != "linalg.transpose")
-    for op in _operations(module.operation):
-        if op.name != "linalg.batch_matmul":
-            continue
-        for operand in op.opview.inputs:
-            for source in _sources(operand, reduction):
-                if source.name == "linalg.generic" and any(
-                        s.name == "linalg.transpose"
-                        for i in source.opview.inputs for s in _sources(i, reduction, untransposed)):
-                    return True
-    return False
+    found = []
+
+    def normalized(op) -> bool:
+        return any(source.name == "linalg.generic" and any(
+            s.name == "linalg.transpose" for i in source.opview.inputs for s in _sources(i, reduction, untransposed))
+            for operand in op.opview.inputs for source in _sources(operand, reduction))
+
+    def visit(op):
+        if op.name == "linalg.batch_matmul" and normalized(op):
+            found.append(op)
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return bool(found)
 
 
 def _half_types(module) -> set:
