@@ -13,7 +13,7 @@ the Llama reference) and what prepare.py compiled. Three parts:
    batches (factorized and merged policies).
 2. The stack, per layer (d=4096, r=16): StageML sm90 vs IREE's generic CUDA
    code (--target cuda) vs PyTorch eager vs the HBM floor (bytes read and
-   written once / 4.8 TB/s). IREE residuals are timed by
+   written once / the GPU's HBM peak, kernel_check.hbm_bytes_per_s). IREE residuals are timed by
    iree-benchmark-module (median of 5 repetitions, each the mean of many
    back-to-back calls; a call's time includes its submission and wait);
    PyTorch by CUDA events around each call (median of 200, after 20
@@ -40,12 +40,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import stageml  # noqa: E402
 from iree import runtime as iree_rt  # noqa: E402
+from kernel_check import hbm_bytes_per_s  # noqa: E402
 from stageml.files import write_file  # noqa: E402
 from stageml.runtime import manifest as manifests  # noqa: E402
 from stageml.runtime.module import CUDA_ALLOCATORS, CUDA_FLAGS, as_numpy  # noqa: E402
 from workloads import LINEAR_LORA, LLAMA_LORA, Linear, Logits, LoraStack, small_llama  # noqa: E402
 
-HBM_BYTES_PER_S = 4.8e12
 BOUNDS = {"f16": 2e-3, "bf16": 1e-2}
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 IREE_TYPES = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "int64": "i64"}
@@ -214,7 +214,7 @@ def write_archive(model, keys: dict, path: str) -> None:
 def hbm_floor_us(form: str, tokens: int) -> float:
     d, r = STACK["d"], STACK["r"]
     weights = d * d + (2 * d * r if form == "factorized" else 0)
-    return (weights + 2 * tokens * d) * 2 / HBM_BYTES_PER_S * 1e6
+    return (weights + 2 * tokens * d) * 2 / hbm_bytes_per_s() * 1e6
 
 
 def stacks(art_dir: str, entries: list, scratch: str) -> list:

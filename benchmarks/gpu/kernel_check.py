@@ -20,7 +20,8 @@ The kernels read w in their strip layout (packed once beforehand, as the
 sm90 pipeline does). PyTorch (cuBLAS) runs the same rotation on the
 [K, N] weights: torch.matmul(x, w, out=y), and
 for LoRA eager x @ w + s * (x @ a) @ b. HBM floor: bytes of w (+ a, b),
-x and y once / 4.8 TB/s.
+x and y once / the GPU's HBM peak (`hbm_bytes_per_s`: 4.8 TB/s on an H200,
+3.35 TB/s on an H100 SXM).
 """
 
 import argparse
@@ -32,7 +33,7 @@ import cupy
 import numpy as np
 import torch
 
-HBM_BYTES_PER_S = 4.8e12
+HBM_PEAKS = {"H100 80GB HBM3": 3.35e12, "H200": 4.8e12}  # bytes/s, the vendor's figures, by device name
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 DTYPES_NAME = {v: k for k, v in DTYPES.items()}
 STREAM_MAX_M, STREAM_COLS, TILE = 64, 32, 64  # kernels.cu's grid constants
@@ -141,6 +142,19 @@ def strips(w: torch.Tensor, misaligned: bool = False) -> torch.Tensor:
     return packed.copy_(w.view(K // TILE_W, TILE_W, N // TILE_W, TILE_W // STRIP, STRIP).permute(2, 0, 3, 1, 4))
 
 
+def hbm_bytes_per_s() -> float:
+    """The current GPU's HBM peak: the vendor's figure where HBM_PEAKS names the device, else its
+    memory clock x bus width (two transfers a clock) where the runtime still reports the clock."""
+    name = torch.cuda.get_device_name()
+    for key, peak in HBM_PEAKS.items():
+        if key in name:
+            return peak
+    props = cupy.cuda.runtime.getDeviceProperties(torch.cuda.current_device())
+    if not props.get("memoryClockRate") or not props.get("memoryBusWidth"):
+        raise SystemExit(f"{name}: no HBM peak known; add the vendor's figure to HBM_PEAKS in {__file__}")
+    return 2 * props["memoryClockRate"] * 1e3 * props["memoryBusWidth"] / 8
+
+
 # --- timing ---------------------------------------------------------------------
 
 def device_us(call, calls: int, warmup: int = 10) -> float:
@@ -176,7 +190,7 @@ def timings(kernels: Kernels, dtype: str, calls: int) -> list:
     wps = [strips(w) for w in ws]  # the same weights in the kernels' layout
     As = [tensor((K, RANK), dtype, K ** -0.5) for _ in range(COPIES)]
     bs = [tensor((RANK, N), dtype, RANK ** -0.5) for _ in range(COPIES)]
-    rows = []
+    rows, hbm = [], hbm_bytes_per_s()
     for M in TIMED_M:
         x = tensor((M, K), dtype, 1.0)
         y = torch.empty(M, N, device="cuda", dtype=DTYPES[dtype])
@@ -187,9 +201,9 @@ def timings(kernels: Kernels, dtype: str, calls: int) -> list:
                                                 M, K, N, RANK, SCALE), calls)
         eager = device_us(lambda i: x @ ws[i % COPIES] + SCALE * ((x @ As[i % COPIES]) @ bs[i % COPIES]), calls)
         io = (M * K + M * N) * 2
-        rows.append(("gemm", dtype, M, gemm, cublas, (K * N * 2 + io) / HBM_BYTES_PER_S * 1e6, None))
-        rows.append(("gemm_wgmma", dtype, M, wgmma, cublas, (K * N * 2 + io) / HBM_BYTES_PER_S * 1e6, None))
-        rows.append(("lora", dtype, M, lora, eager, ((K * N + K * RANK + RANK * N) * 2 + io) / HBM_BYTES_PER_S * 1e6,
+        rows.append(("gemm", dtype, M, gemm, cublas, (K * N * 2 + io) / hbm * 1e6, None))
+        rows.append(("gemm_wgmma", dtype, M, wgmma, cublas, (K * N * 2 + io) / hbm * 1e6, None))
+        rows.append(("lora", dtype, M, lora, eager, ((K * N + K * RANK + RANK * N) * 2 + io) / hbm * 1e6,
                      lora / gemm))
         print(f"timed {dtype} M={M}: gemm {gemm:.1f} µs, gemm_wgmma {wgmma:.1f} µs (cuBLAS {cublas:.1f}), "
               f"lora {lora:.1f} µs (eager {eager:.1f})", flush=True)
@@ -212,7 +226,7 @@ def shrink_timings(kernels: Kernels, dtype: str, calls: int) -> list:
     (the rows' factors gathered, then bmm), for both slot orders."""
     K = TIMED_KN
     tables = [tensor((SHRINK_SLOTS, K, RANK), dtype, K ** -0.5) for _ in range(COPIES)]
-    rows = []
+    rows, hbm = [], hbm_bytes_per_s()
     for B in BGMV_TIMED:
         for order in ("decode", "prefill"):
             x, ids = tensor((B, K), dtype, 1.0), shrink_ids(B, order)
@@ -220,7 +234,7 @@ def shrink_timings(kernels: Kernels, dtype: str, calls: int) -> list:
             ours = device_us(lambda i: kernels.bgmv(dtype, x, ids, tables[i % COPIES], y, B, K, RANK), calls)
             eager = device_us(lambda i: torch.bmm(x[:, None], tables[i % COPIES][ids])[:, 0].float(), calls)
             distinct = len(set(ids.tolist()))
-            floor = ((B * K + distinct * K * RANK) * 2 + B * RANK * 4) / HBM_BYTES_PER_S * 1e6
+            floor = ((B * K + distinct * K * RANK) * 2 + B * RANK * 4) / hbm * 1e6
             rows.append((dtype, B, order, ours, eager, floor))
             print(f"timed shrink {dtype} B={B} {order}: bgmv {ours:.1f} µs (gather + bmm {eager:.1f})", flush=True)
     return rows
@@ -311,7 +325,8 @@ def main() -> None:
             shrinks += shrink_timings(kernels, dtype, calls)
         sites += site_timings(kernels, dtype, calls)
         torch.cuda.empty_cache()
-    text = "\n\n".join(t for t in ([table(rows), shrink_table(shrinks)] if rows else []) + [site_table(sites)])
+    peak = f"HBM floors at {hbm_bytes_per_s() / 1e12:.2f} TB/s ({torch.cuda.get_device_name()})."
+    text = "\n\n".join(t for t in [peak] + ([table(rows), shrink_table(shrinks)] if rows else []) + [site_table(sites)])
     print()
     print(text)
     if args.report:

@@ -23,7 +23,7 @@ tokens, 8 x 32 and 1 x 256 (contiguous segments).
   and replayed, timed by CUDA events (median of 200) — how vLLM runs decode.
 - cuBLAS base only: the same graph without the LoRA kernels.
 - HBM floor: the base weights, the active tenants' factors and the
-  activations read or written once, at 4.8 TB/s.
+  activations read or written once, at the GPU's HBM peak (kernel_check.hbm_bytes_per_s).
 (What the same calls cost the host above their device time: call_path.py.)
 Every figure is per layer (per call / 8); the stack's 256 MiB of base
 weights outgrow the L2, so every call reads them from HBM.
@@ -36,10 +36,11 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from h200 import (BOUNDS, DTYPES, HBM_BYTES_PER_S, STACK, bench_iree, bench_torch, check, finish,  # noqa: E402
+from h200 import (BOUNDS, DTYPES, STACK, bench_iree, bench_torch, check, finish,  # noqa: E402
                   input_flags, kernel_times, rel_err, to_numpy, write_archive)
 
 import stageml  # noqa: E402
+from kernel_check import hbm_bytes_per_s  # noqa: E402
 from workloads import TenantStack  # noqa: E402
 
 TENANTS = 32
@@ -123,7 +124,7 @@ def vllm_graph(ops, weights: Weights, x: torch.Tensor, tenants: list, lora: bool
 
 def floor_us(rows: int, tenants: int, itemsize: int) -> float:
     d, r = STACK["d"], STACK["r"]
-    return (d * d + tenants * 2 * d * r + 2 * rows * d) * itemsize / HBM_BYTES_PER_S * 1e6
+    return (d * d + tenants * 2 * d * r + 2 * rows * d) * itemsize / hbm_bytes_per_s() * 1e6
 
 
 def stack_module(art_dir: str, name: str, weights: Weights) -> tuple:

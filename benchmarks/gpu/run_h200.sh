@@ -62,7 +62,7 @@ fi
   echo "Device time by CUDA events around each call while a sleep kernel holds the stream (no launch"
   echo "gaps), median of 100 calls after 10 warm-up; 4 copies of every weight rotated (128 MiB, beyond"
   echo "the L2). torch = torch.matmul (cuBLAS) for gemm, eager x@w + s*(x@a)@b for lora. HBM floor:"
-  echo "bytes read and written once / 4.8 TB/s."
+  echo "bytes read and written once / the GPU's HBM peak (named below)."
   echo
   cat "$REPORT/kernels.md" 2>/dev/null || echo "(kernel_check.py failed: see kernels.log)"
   echo
