@@ -144,7 +144,8 @@ def _data_tiling(module, features: frozenset) -> tuple:
     crashes iree-compile on bf16 models (tiny Llama, Mixtral, the tenant and expert-LoRA
     tests), so bf16 there is compiled without data tiling. Other modules crash the
     dispatch-creation path too (Qwen2-MoE in f32: a linalg.pack of a 1-D matmul
-    accumulator lowered to loops); they compile by the global-optimization path. A module
+    accumulator lowered to loops; XLM's attention scores: a workgroup count it cannot
+    express in the workload); they compile by the global-optimization path. A module
     whose batch matmul takes an operand normalized after a transpose (`_normalized_batch_matmul`)
     takes that path first: the dispatch-creation path computes it wrong without a word."""
     half = _half_types(module) if module is not None else set()
