@@ -1,5 +1,7 @@
 """Differential tests: compiled residuals against PyTorch on fresh inputs."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -254,18 +256,24 @@ def test_half_precision_models(tmp_path, dtype, bound):
 @pytest.mark.parametrize("dtype, bound", [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
 def test_half_precision_llama(tmp_path, dtype, bound):
     """Attention in half precision (a batch matmul on f16→f32 extended operands), which
-    IREE's default data-tiling path fails to compile (compiler/targets/cpu.py)."""
+    IREE's default data-tiling path fails to compile (compiler/targets/cpu.py). Against the
+    model in float64, the residual stays within `bound` or twice PyTorch's own error in the
+    model's dtype: over 9 seeds (AMD EPYC) fp16 gave 0.6-2.1e-3 against PyTorch's 0.7-1.2e-3
+    on the same inputs, the most on a single token's 128 logits."""
     seed = torch.seed()
     print("seed", seed)
     model = peft_llama(seed=seed % 2 ** 31).to(dtype)
     art = stageml.compile(model, (torch.randint(0, 128, (2, 7)),),
                           dynamic_shapes=({0: Dim("b", max=8), 1: Dim("s", max=32)},))
     mod = art.load(str(tmp_path / "llama.vmfb"))
-    reference = model.double()
+    half, reference = copy.deepcopy(model), model.double()
     for shape in [(1, 1), (3, 9)]:
         x = torch.randint(0, 128, shape)
         with torch.no_grad():
-            assert rel_err(mod(x), reference(x)) <= bound, shape
+            expected = reference(x)
+            ours, torchs = rel_err(mod(x), expected), rel_err(half(x), expected)
+        print(shape, "rel. err.", ours, "PyTorch's", torchs)
+        assert ours <= max(bound, 2 * torchs), shape
 
 
 def test_a_crash_of_iree_compile_takes_the_next_data_tiling_path(monkeypatch, tmp_path, capsys):
