@@ -46,6 +46,11 @@ def compile(model, args=None, *, dynamic_shapes=None, **options):
         emit: the last stage to run: torch, bt, split, linalg, iree or vmfb.
         dump_dir: a folder that receives every stage's output.
         merge_lora: let bt-improve merge LoRA factors into weights.
+        keep_quantized: keep a quantized base's integer weights (torchao int8
+          weight-only layers) integer in the residual, converted to floats
+          where they are used: a quarter of the float32 bytes, but IREE 3.13's
+          CPU code converts the whole weight on each call (slower; see the
+          README). By default the conversion is folded at compile time.
         max_adapters: compile for multi-tenant serving with this many adapter
           slots (`mod.load_adapter`, `mod.run_batch`); needs a PEFT LoRA model.
         max_rank: with max_adapters, the highest LoRA rank an adapter may have.

@@ -10,7 +10,8 @@
 
 A transformers MoE model is exported with StageML's experts implementation
 (compiler/experts.py): routing as per-row gathers of the expert stacks; GPT-2's
-Conv1D layers as `x @ W + b` (compiler/conv1d.py).
+Conv1D layers as `x @ W + b` (compiler/conv1d.py); torchao's int8 weight-only
+layers as `(x @ dequant(W)) * scale + b` on x's own dims (compiler/quantized.py).
 
 A buffer the model mutates (an output spec of kind BUFFER_MUTATION) is
 request-time state, never a static weight: it is an input of the residual
@@ -29,7 +30,7 @@ from torch_mlir.compiler_utils import OutputType
 from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 from torch_mlir.extras.fx_importer import FxImporter
 
-from stageml.compiler import conv1d, experts, facts, model_file
+from stageml.compiler import conv1d, experts, facts, model_file, quantized
 from stageml.compiler.ir import NAME, Diagnostics, set_arg_attr
 from stageml.errors import CompileError, ModelLoadError
 
@@ -86,7 +87,7 @@ def export(model, args: tuple, dynamic_shapes=None, trust_model: bool = False) -
     if isinstance(dynamic_shapes, (tuple, list)) and _takes_var_args(model):
         dynamic_shapes = {"args": tuple(dynamic_shapes)}  # e.g. PeftModel.forward(*args, **kwargs)
     try:
-        with experts.staged(model), conv1d.staged(model):
+        with experts.staged(model), conv1d.staged(model), quantized.staged(model):
             return torch.export.export(model.eval(), tuple(args), dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:
         lines = str(e).strip().splitlines() or [""]

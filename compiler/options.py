@@ -19,6 +19,9 @@ class CompileOptions:
     an LLVM CPU name such as "znver4"). custom_kernels: sm90's hand-written
     kernels (True), none (False), or their CPU references ("reference": the
     sm90 residual built for the CPU, to check its rewrites numerically).
+    keep_quantized: integer weights (torchao's int8 weight-only layers) stay
+    integer in every stage and are converted to floats where they are used
+    (defer-dequant); by default the conversion is static work, folded.
     trust_model: load a .pt2 even where that needs an unrestricted unpickle
     (which can run any code the file holds); by default such files are refused.
     generate, max_seq, sequences: a generation step over a KV cache of `sequences`
@@ -33,6 +36,7 @@ class CompileOptions:
     emit: str = "vmfb"
     dump_dir: str | None = None
     merge_lora: bool = True
+    keep_quantized: bool = False
     max_adapters: int | None = None
     max_rank: int = 16
     custom_kernels: bool | str = True

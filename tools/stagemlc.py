@@ -4,7 +4,7 @@
     stagemlc out/dump/model.split.mlir -o out/residual.vmfb    # start at a dumped stage
     stagemlc models/llama -o out/llama.vmfb --generate [--max-seq N] [--sequences S] [--lora-config DIR]
              [--stage GLOB=TIME]... [--emit STAGE] [--dump-stages DIR] [--target cpu|cuda|sm90]
-             [--cpu NAME] [--no-custom-kernels] [--no-lora-merge] [--max-adapters N [--max-rank R]
+             [--cpu NAME] [--no-custom-kernels] [--no-lora-merge] [--keep-quantized] [--max-adapters N [--max-rank R]
              [--emit-plan plan.json|plan.mlir]] [--trust-model] [-q]
 
 Exit status: 0 success; 1 a problem with the input (model file, stage spec,
@@ -51,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-custom-kernels", action="store_true",
                         help="sm90: IREE codegen only, no hand-written kernels (and no nvcc)")
     parser.add_argument("--no-lora-merge", action="store_true", help="keep LoRA factors unmerged in the residual")
+    parser.add_argument("--keep-quantized", action="store_true",
+                        help="keep integer (torchao int8) weights integer in the residual, converted where used: "
+                             "a quarter of the float32 bytes, slower calls on the CPU (see the README)")
     parser.add_argument("--max-adapters", type=int, metavar="N",
                         help="compile for multi-tenant serving: N adapter slots (needs a PEFT LoRA model)")
     parser.add_argument("--max-rank", type=int, metavar="R",
@@ -137,7 +140,7 @@ def _options(args) -> CompileOptions:
         raise CompileError(f"--max-rank {args.max_rank} is not a rank: pass a positive integer (default 16)")
     stages = [parse_stage_option(s) for s in args.stage]
     return CompileOptions(stages=tuple(stages), target=args.target, cpu=args.cpu, emit=args.emit,
-                          dump_dir=args.dump_stages, merge_lora=not args.no_lora_merge,
+                          dump_dir=args.dump_stages, merge_lora=not args.no_lora_merge, keep_quantized=args.keep_quantized,
                           max_adapters=args.max_adapters, max_rank=16 if args.max_rank is None else args.max_rank,
                           custom_kernels=not args.no_custom_kernels, trust_model=args.trust_model,
                           verbose=not args.quiet, generate=args.generate, max_seq=args.max_seq,

@@ -19,6 +19,10 @@ LoRA merge (distributivity), W, A, B static or adapter-time:
     %m = torch.aten.add.Tensor %Wt, %q, %one
     %4 = torch.aten.matmul %x, %m         // the only request-time product
 
+A per-column scaling of a product, `(x @ W) * v` with v earlier ([out]: an
+int8 weight's scales, compiler/quantized.py), is `x @ (W * v)`: a LoRA
+branch beside it merges into `W * v + s·(At@Bt)` the same way.
+
 Reassociation `(x @ P) @ Q → x @ (P @ Q)` is the same rewrite on a chain; it
 applies only when it lowers request-time FLOPs (never for a low-rank pair).
 
@@ -49,7 +53,9 @@ class LinearForm:
     cost of `value`. Biases are earlier-stage values (a linear layer's bias)."""
 
     x: ir.Value
-    matrix: tuple | None  # None (identity) or ("leaf", v) | ("dot", a, b) | ("scale", a, s) | ("sum", a, b, alpha)
+    # None (identity) or ("leaf", v) | ("dot", a, b) | ("scale", a, s) | ("columns", a, v): column j of a
+    # times v[j] | ("sum", a, b, alpha)
+    matrix: tuple | None
     flops: int
     products: int
     biases: tuple = ()
@@ -85,6 +91,15 @@ def linear_form(value: ir.Value, root: bool = True) -> LinearForm:
             return leaf
         return LinearForm(inner.x, ("scale", inner.matrix, op.operands[1]),
                           inner.flops + _dims(value)[-1], inner.products)
+    if op.name == "torch.aten.mul.Tensor":  # x@M * v, v earlier and one factor per column of M
+        for form, other in ((0, 1), (1, 0)):
+            if value_time(op.operands[other]) < time and _dims(op.operands[other]) == _dims(value)[-1:]:
+                inner = linear_form(op.operands[form], root=False)
+                if inner.matrix is None or inner.biases:
+                    return leaf
+                return LinearForm(inner.x, ("columns", inner.matrix, op.operands[other]),
+                                  inner.flops + _dims(value)[-1], inner.products)
+        return leaf
     if op.name == "torch.aten.add.Tensor" and _is_one(op.operands[2]):
         for form, other in ((0, 1), (1, 0)):  # x@M + c, c earlier than `value`
             if value_time(op.operands[other]) < time and _dims(op.operands[other])[-1:] == _dims(value)[-1:]:
@@ -111,7 +126,8 @@ def _is_one(value) -> bool:
 def _matrix_time(matrix) -> BindingTime:
     if matrix[0] == "leaf":
         return value_time(matrix[1])
-    return BindingTime.STATIC.join(*(_matrix_time(m) for m in matrix[1:] if isinstance(m, tuple)))
+    vectors = [value_time(matrix[2])] if matrix[0] == "columns" else []
+    return BindingTime.STATIC.join(*(_matrix_time(m) for m in matrix[1:] if isinstance(m, tuple)), *vectors)
 
 
 def _build(matrix, dtype) -> ir.Value:
@@ -126,6 +142,8 @@ def _build(matrix, dtype) -> ir.Value:
         op = torch_d.AtenMmOp(type_, lhs, rhs)
     elif kind == "scale":
         op = torch_d.AtenMulScalarOp(lhs.type, lhs, matrix[2])
+    elif kind == "columns":
+        op = torch_d.AtenMulTensorOp(lhs.type, lhs, matrix[2])
     else:
         op = torch_d.AtenAddTensorOp(lhs.type, lhs, _build(matrix[2], dtype), matrix[3])
     return timed(op)

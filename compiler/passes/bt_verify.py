@@ -5,13 +5,15 @@ exist, a tensor crosses to a later stage only through a `bt.lift` (or a
 `bt.gather`) whose `from` is its operand's time and whose `to` is later.
 No recomputation: an op later than all its operands (seen through lifts, at
 the time they were computed) would redo earlier-stage work at every call of
-its stage; only an effectful op may be (a random draw is request-time).
+its stage; only an effectful op may be (a random draw is request-time), and a
+widening cast of an integer weight that defer-dequant marked `bt.deferred`.
 """
 
 from torch_mlir import ir
 
 from stageml.compiler.ir import TIME, is_effectful, is_rematerializable, parse_time, value_time
 from stageml.compiler.passes import programs, register
+from stageml.compiler.passes.defer_dequant import DEFERRED, is_widening_cast
 from stageml.errors import CompileError
 
 CROSSINGS = ("bt.lift", "bt.gather")  # the ops that carry a value to a later stage
@@ -48,6 +50,11 @@ def verify(func) -> None:
                               f"to {parse_time(op.attributes['to']).label}: a lift must go to a later time")
             elif lifted and source < time and not is_rematerializable(value):
                 _fail(op, f"is {time.label} and uses a {source.label} operand without a bt.lift")
+        if DEFERRED in op.attributes:
+            if not is_widening_cast(op):
+                _fail(op, "is marked bt.deferred, which only a widening cast of an integer tensor may be "
+                          "(defer-dequant)")
+            continue
         tensors = [v for v in op.operands if not is_rematerializable(v)]
         if (op.name not in CROSSINGS and tensors and not is_effectful(op)
                 and max(_origin(v) for v in tensors) < time):

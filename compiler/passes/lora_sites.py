@@ -17,6 +17,10 @@ and without its scaling, which becomes a property of each loaded adapter
     %z = torch.aten.add.Tensor (matmul %x, %wt),
            (matmul (matmul %x, (transpose %A)), (transpose %B)), %int1
 
+The base product may scale its output columns, `(x@Wt) * v` with v static (an
+int8 weight-only layer's scales, compiler/quantized.py): the rebuilt site keeps
+that product as it is.
+
 A parameter site is PEFT's merged 2-D parameter (LoRA through `target_parameters`
 on a Linear's weight, e.g. an MoE router's `mlp.gate.weight`): W + s·(B@A) used as
 a product's weight. Each product becomes a dense site:
@@ -113,27 +117,35 @@ def _lora_branch(matrix):
 
 
 def _site(op):
-    """(x, Wt, biases, A, B, scaling) when `op` computes a LoRA site, else None."""
+    """(x, Wt, columns, biases, A, B, scaling) when `op` computes a LoRA site, else None;
+    `columns` is None, or v where the base product is (x @ Wt) * v (a scale per output column:
+    an int8 weight's, compiler/quantized.py)."""
     form = linear_form(op.result)
     if form.matrix is None or form.matrix[0] != "sum":
         return None
     for base, branch in ((form.matrix[1], form.matrix[2]), (form.matrix[2], form.matrix[1])):
+        columns = None
+        if base[0] == "columns" and value_time(base[2]) == BindingTime.STATIC:
+            base, columns = base[1], base[2]
         if base[0] == "leaf" and value_time(base[1]) == BindingTime.STATIC:
             lora = _lora_branch(branch)
             if lora is not None:
-                return (form.x, base[1], form.biases) + lora
+                return (form.x, base[1], columns, form.biases) + lora
     return None
 
 
-def _rebuild(op, x, wt, biases, a, b, rank) -> None:
-    """Replaces `op` by x@wt + biases + (x@a^T)@b^T, the factors of rank `rank`."""
+def _rebuild(op, x, wt, biases, a, b, rank, columns=None) -> None:
+    """Replaces `op` by x@wt (* columns) + biases + (x@a^T)@b^T, the factors of rank `rank`."""
     (k, n), dtype = vtensor_shape(wt.type)
     x_dims = vtensor_shape(x.type)[0]
     with ir.InsertionPoint(op), op.location:
         zero, one = const_int(0, annotate=True), const_int(1, annotate=True)
         at = timed(torch_d.AtenTransposeIntOp(vtensor_type([k, rank], dtype), a, zero, one))
         bt = timed(torch_d.AtenTransposeIntOp(vtensor_type([rank, n], dtype), b, zero, one))
-        base = add_biases(timed(torch_d.AtenMatmulOp(op.result.type, x, wt)), biases)
+        base = timed(torch_d.AtenMatmulOp(op.result.type, x, wt))
+        if columns is not None:
+            base = timed(torch_d.AtenMulTensorOp(op.result.type, base, columns))
+        base = add_biases(base, biases)
         low = timed(torch_d.AtenMatmulOp(vtensor_type(x_dims[:-1] + [rank], dtype), x, at))
         delta = timed(torch_d.AtenMatmulOp(op.result.type, low, bt))
         total = timed(torch_d.AtenAddTensorOp(op.result.type, base, delta, one))
@@ -324,10 +336,10 @@ def canonicalize(func, rank: int) -> list:
         site = _site(op)
         if site is None:
             continue
-        x, wt, biases, a, b, scaling = site
+        x, wt, columns, biases, a, b, scaling = site
         (k, n), dtype = vtensor_shape(wt.type)
         sites.append(_dense_record(func, a, b, k, n, scaling, dtype, rank))
-        _rebuild(op, x, wt, biases, a, b, rank)
+        _rebuild(op, x, wt, biases, a, b, rank, columns)
         padded[a] = vtensor_type([rank, k], dtype)
         padded[b] = vtensor_type([n, rank], dtype)
     erase_dead_ops(block)
