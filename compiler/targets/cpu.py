@@ -267,7 +267,7 @@ class CpuTarget(Target):
 
     def passes(self) -> list:
         from stageml.compiler.passes.pack_weights import PackWeightsOptions
-        return [("pack-weights", PackWeightsOptions(cpu=self.cpu))]
+        return [("pack-weights", PackWeightsOptions(cpu=self.cpu)), ("fuse-dequant", None)]
 
     def describe(self) -> dict:
         return {"name": self.name, "device": self.device, "cpu": self.cpu,
