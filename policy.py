@@ -12,9 +12,15 @@ batches. Merging therefore buys `requests * extra FLOPs` for `merged_bytes`.
 Under a memory budget the choice is a 0/1 knapsack; `plan` solves it exactly
 with a Pareto-frontier dynamic program (a ratio-greedy rule is suboptimal,
 see tests/test_policy.py).
+
+On an int8 base kept int8 (--keep-quantized), a merge is re-quantized, which
+changes the merged weights' values: `merge_error` is how much, relative to the
+adapter's own update (requantize-merged's measure). An adapter whose merge
+errs above `error_bound` stays factorized, whatever the budget.
 """
 
 import dataclasses
+import math
 
 from stageml.errors import StageMLError
 
@@ -40,6 +46,7 @@ class AdapterProfile:
     rank: int
     sites: tuple
     requests: int = 0  # tokens served recently
+    merge_error: float = 0.0  # the merged form's error relative to its update (0: exact)
 
     @property
     def merged_bytes(self) -> int:
@@ -62,9 +69,10 @@ class Plan:
     reasons: dict = dataclasses.field(default_factory=dict)  # adapter name -> why its form
 
 
-def plan(adapters: list, budget_bytes: int) -> Plan:
+def plan(adapters: list, budget_bytes: int, error_bound: float = math.inf) -> Plan:
     """The merged/factorized choice that saves the most request-time FLOPs
-    while the bytes held stay within `budget_bytes` (exact)."""
+    while the bytes held stay within `budget_bytes` (exact), merging no adapter
+    whose merge errs above `error_bound`."""
     floor = sum(a.factorized_bytes for a in adapters)
     if floor > budget_bytes:
         raise StageMLError(f"the adapter memory budget of {budget_bytes} bytes cannot hold even the factorized "
@@ -75,7 +83,7 @@ def plan(adapters: list, budget_bytes: int) -> Plan:
     for adapter in adapters:
         cost = adapter.merged_bytes
         gain = adapter.requests * adapter.factorized_flops_per_token
-        if gain <= 0 or cost > capacity:
+        if gain <= 0 or cost > capacity or adapter.merge_error > error_bound:
             continue
         grown = dict(frontier)
         for used, (saved, names) in frontier.items():
@@ -87,14 +95,18 @@ def plan(adapters: list, budget_bytes: int) -> Plan:
                 frontier[used], best = grown[used], grown[used][0]
     used, (saved, merged) = max(frontier.items(), key=lambda kv: (kv[1][0], -kv[0]))
     forms = {a.name: "merged" if a.name in merged else "factorized" for a in adapters}
-    return Plan(forms, floor + used, saved, {a.name: _reason(a, a.name in merged, capacity) for a in adapters})
+    return Plan(forms, floor + used, saved,
+                {a.name: _reason(a, a.name in merged, capacity, error_bound) for a in adapters})
 
 
-def _reason(adapter: AdapterProfile, merged: bool, capacity: int) -> str:
+def _reason(adapter: AdapterProfile, merged: bool, capacity: int, error_bound: float = math.inf) -> str:
     """Why `plan` gave `adapter` its form, in one phrase."""
     gain = adapter.requests * adapter.factorized_flops_per_token
     if merged:
         return f"merging saves {gain:.0f} request-time FLOPs for {adapter.merged_bytes} bytes"
+    if adapter.merge_error > error_bound:
+        return (f"merging re-quantizes its weights with an error of {adapter.merge_error:.3g} of its update, "
+                f"above the bound {error_bound:g}")
     if gain <= 0:
         return "no traffic since the last re-plan"
     if adapter.merged_bytes > capacity:

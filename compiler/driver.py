@@ -55,7 +55,8 @@ def bt_pipeline(options: CompileOptions, stages: dict) -> list:
     return [("bt-annotate", BtAnnotateOptions(tuple(stages.items()))), ("bt-propagate", None), ("bt-verify", None),
             *([("lora-sites", LoraSitesOptions(options.max_rank, options.max_adapters)), ("bt-verify", None),
                ("factorized-program", None), ("expert-factors", None), ("bt-verify", None)] if tenants else []),
-            ("bt-improve", BtImproveOptions(options.merge_lora)),
+            ("bt-improve", BtImproveOptions(options.merge_lora, merge_quantized=tenants or not options.keep_quantized)),
+            *([("requantize-merged", None)] if options.keep_quantized and tenants else []),
             *([("defer-dequant", None)] if options.keep_quantized else []), ("bt-verify", None),
             ("bt-lift", None), ("bt-stacks", None), ("bt-verify", None),
             *([("bt-gather", None), ("routing-counts", None), ("bt-verify", None)] if tenants else [])]

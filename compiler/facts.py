@@ -58,6 +58,7 @@ IDS = "adapter_ids"  # the factorized program's request input: each row's adapte
 # adapter-time, an input or slot has the function's own stage.
 PARAMETER, STATE, RESIDENT_KIND, INPUT, SLOT, OUTPUT = "parameter", "state", "resident", "input", "slot", "output"
 ROUTING = "routing"  # a result: the rows one MoE layer routed to each (slot, expert) (routing-counts)
+MEASURE = "measure"  # a result of @adapter the runtime reads, no later stage's input (bt.measure)
 BUFFER = "buffer"    # an argument and a result of a request-time function: a buffer the model mutates
 
 

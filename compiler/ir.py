@@ -135,6 +135,21 @@ def defining_op(value: ir.Value):
     return owner.operation if isinstance(owner, (ir.Operation, ir.OpView)) else None
 
 
+def argument_names(func, value: ir.Value) -> set:
+    """The names of `func`'s arguments `value` is computed from."""
+    names, seen, todo = set(), set(), [value]
+    while todo:
+        value = todo.pop()
+        op = defining_op(value)
+        if op is None:
+            names.add(arg_name(func, ir.BlockArgument(value).arg_number))
+            continue
+        if op not in seen:
+            seen.add(op)
+            todo.extend(op.operands)
+    return names
+
+
 _CONSTANTS = {"torch.constant.int": ir.IntegerAttr, "torch.constant.float": ir.FloatAttr,
               "torch.constant.bool": ir.BoolAttr}
 

@@ -15,6 +15,10 @@
 //       is entry %ids[i] = slot·E + e of the [slots·E, ...] table (a tenant's
 //       LoRA factors of expert e). One lowering family (index_select by ids,
 //       BGMV / grouped products) serves all three.
+//   "bt.measure"(%v) {name, sites}               %v is a measurement its stage
+//       reports to the runtime, not an input of any later stage: after
+//       bt-split a result of the stage's function of kind "measure" called
+//       `name`, about the LoRA sites `sites` (their lora_A names).
 //
 // The operand and result of bt.lift share one constraint variable, so their
 // types must be equal; `from < to` is checked by bt-verify. A "slots"
@@ -53,5 +57,13 @@ irdl.dialect @bt {
     irdl.operands(value: %value, ids: %ids)
     irdl.results(rows: %rows)
     irdl.attributes {"from" = %from, "to" = %to, "name" = %name, "stack" = %stack}
+  }
+
+  irdl.operation @measure {
+    %value = irdl.any
+    %name = irdl.base "#builtin.string"
+    %sites = irdl.base "#builtin.array"
+    irdl.operands(value: %value)
+    irdl.attributes {"name" = %name, "sites" = %sites}
   }
 }

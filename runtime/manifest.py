@@ -83,13 +83,13 @@ class Polynomial(_Strict):
 class Value(_Strict):
     """An argument or result of an entry point (compiler/facts.py's facts, shape and dtype)."""
     name: Name
-    kind: Literal["parameter", "state", "resident", "input", "slot", "output", "routing"]
+    kind: Literal["parameter", "state", "resident", "input", "slot", "output", "routing", "measure"]
     shape: list[Count | None]
     dtype: Literal[DTYPES]
     result: Count | None = None
     dims: list[DimRange] | None = None
     range: ValueRange | None = None
-    sites: list[Name] | None = None  # a routing result's expert sites (their lora_A names)
+    sites: list[Name] | None = None  # a routing or measure result's sites (their lora_A names)
     sizes: list[Count | Polynomial] | None = None  # an output's dimensions from its inputs' (bt.sizes)
 
 

@@ -377,7 +377,10 @@ def load(path: str, device: str | None = None, **serving):
         ("local-task", the CPU, or "cuda").
       **serving: for a multi-tenant residual (compiled with max_adapters):
         adapter_memory_budget (bytes, None: unlimited), policy ("auto",
-        "merged" or "factorized"), replan_every (calls between re-plans).
+        "merged" or "factorized"), replan_every (calls between re-plans),
+        quantization_error_bound (an int8 base compiled with keep_quantized:
+        the largest error, relative to an adapter's update, its re-quantized
+        merge may have to be served merged; default 0.05).
     """
     checked = manifests.read(_path(path))[0]
     if checked.tenants is not None:

@@ -26,20 +26,21 @@ changes nothing.
 import collections
 import dataclasses
 import itertools
+import math
 import threading
 
 import numpy as np
 from iree import runtime as iree_rt
 
 from stageml.compiler.entry_points import routing_sites
-from stageml.compiler.facts import FACTORIZED, IDS, MAIN, ROUTING
+from stageml.compiler.facts import FACTORIZED, IDS, MAIN, MEASURE, ROUTING
 from stageml.errors import AdapterError, ArtifactError, InputError
 from stageml.policy import AdapterProfile, LoraSite, expert_layers, plan
 from stageml.runtime import peft_adapter
 from stageml.runtime.module import ResidualModule, numpy_dtype
 
 POLICIES = ("auto", "merged", "factorized")
-SERVING = ("adapter_memory_budget", "policy", "replan_every")  # stageml.load's options for these modules
+SERVING = ("adapter_memory_budget", "policy", "replan_every", "quantization_error_bound")  # stageml.load's options
 _BATCHES_KEPT = 64  # batch compositions kept checked, with their slot ids on the device
 
 
@@ -55,6 +56,7 @@ class _Adapter:
     last_used: int = 0
     routed: dict = dataclasses.field(default_factory=dict)  # MoE layer -> rows routed per expert
     reason: str = ""          # why the policy gave it its form
+    merge_error: float | None = None  # its re-quantized merge's error relative to its update (int8 bases)
 
 
 @dataclasses.dataclass
@@ -73,7 +75,8 @@ class _Batch:
 class TenantModule(ResidualModule):
     """A multi-tenant residual (compiled with max_adapters). See the module doc."""
 
-    def __init__(self, path, device=None, adapter_memory_budget=None, policy="auto", replan_every=64):
+    def __init__(self, path, device=None, adapter_memory_budget=None, policy="auto", replan_every=64,
+                 quantization_error_bound=0.05):
         if not isinstance(policy, str) or policy not in POLICIES:
             raise AdapterError(f"unknown adapter policy {policy!r}: choose one of {', '.join(POLICIES)}")
         if adapter_memory_budget is not None and (not isinstance(adapter_memory_budget, int) or
@@ -82,6 +85,10 @@ class TenantModule(ResidualModule):
                                "of at least 0) or None for no limit")
         if not isinstance(replan_every, int) or isinstance(replan_every, bool) or replan_every < 1:
             raise AdapterError(f"replan_every is {replan_every!r}: pass a number of calls, at least 1")
+        bound = quantization_error_bound
+        if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound >= 0:
+            raise AdapterError(f"quantization_error_bound is {bound!r}: pass the largest error a re-quantized merge "
+                               "may have relative to the adapter's update, a number of at least 0 (e.g. 0.05)")
         super().__init__(path, device)
         tenants = self.tenants
         self._sites = tenants["sites"]
@@ -90,6 +97,9 @@ class TenantModule(ResidualModule):
         self._budget = adapter_memory_budget
         self._policy = policy
         self._replan_every = replan_every
+        self._error_bound = float(bound)
+        # the main adapter stage's measures of each re-quantized merge: [error², update²] (requantize-merged)
+        self._measures = [i for i, r in enumerate(self.entry("adapter", MAIN)["results"]) if r["kind"] == MEASURE]
         self._adapters = {}
         self._lock = threading.RLock()
         self._clock = itertools.count(1)
@@ -134,6 +144,7 @@ class TenantModule(ResidualModule):
         with self._lock:
             self._check_budget(name)
             adapter = _Adapter(source, config, inputs)
+            adapter.merge_error = self._merge_error(adapter)
             self._make_resident(adapter, busy={name})
             self._count_routing()  # calls so far routed the replaced adapter's rows, not this one's
             old = self._adapters.pop(name, None)
@@ -142,6 +153,22 @@ class TenantModule(ResidualModule):
             self._adapters[name] = adapter
             adapter.last_used = next(self._clock)
             self._replan()
+
+    def _merge_error(self, adapter: _Adapter) -> float | None:
+        """How far re-quantizing `adapter`'s merge moves it, relative to its update: the largest
+        sqrt(error² / update²) of the module's measured sites (None where nothing is re-quantized)."""
+        if not self._measures:
+            return None
+        try:
+            state = self._run_adapter(self._arguments(adapter))
+        except Exception as e:
+            raise AdapterError(f"merging the adapter to measure its re-quantization failed ({e}): check its "
+                               "tensors") from None
+        worst = 0.0
+        for index in self._measures:
+            error, update = (float(v) for v in np.asarray(state[index].to_host()))
+            worst = max(worst, math.sqrt(error / update) if update > 0 else math.inf if error > 0 else 0.0)
+        return worst
 
     def _check_budget(self, name: str) -> None:
         """Raises if loading adapter `name` would leave the budget unable to hold
@@ -226,13 +253,20 @@ class TenantModule(ResidualModule):
         self._count_calls()
         resident = {n: a for n, a in self._adapters.items() if a.slot is not None}
         if self._policy == "auto":
-            profiles = [dataclasses.replace(self._profile, name=n, requests=a.requests) for n, a in resident.items()]
+            profiles = [dataclasses.replace(self._profile, name=n, requests=a.requests, merge_error=a.merge_error or 0.0)
+                        for n, a in resident.items()]
             budget = self._budget if self._budget is not None else float("inf")
-            chosen = plan(profiles, budget)
+            chosen = plan(profiles, budget, self._error_bound)
             forms, reasons = chosen.forms, chosen.reasons
         else:
             forms = {n: self._policy for n in resident}
             reasons = {n: f"policy {self._policy!r}" for n in resident}
+            for name, adapter in resident.items():
+                if self._policy == "merged" and (adapter.merge_error or 0.0) > self._error_bound:
+                    forms[name] = "factorized"
+                    reasons[name] = (f"policy 'merged', but merging re-quantizes its weights with an error of "
+                                     f"{adapter.merge_error:.3g} of its update, above quantization_error_bound "
+                                     f"{self._error_bound:g}")
         for name, adapter in resident.items():
             adapter.reason = reasons[name]
             if forms[name] == "merged" and adapter.merged is None:
@@ -252,7 +286,8 @@ class TenantModule(ResidualModule):
         with self._lock:
             self._count_calls()
             adapters = {n: {"form": self._form(a), "slot": a.slot, "bytes_held": self._bytes_of(a),
-                            "requests": a.total}
+                            "requests": a.total, "reason": a.reason,
+                            **({"merge_error": a.merge_error} if self._measures else {})}
                         for n, a in sorted(self._adapters.items())}
             return {"adapters": adapters, "bytes_held": self._bytes_held(), "budget": self._budget,
                     "policy": self._policy, "slots": self.tenants["max_adapters"],

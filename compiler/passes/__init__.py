@@ -35,7 +35,7 @@ class Pass:
 PASSES: dict = {}
 UPSTREAM = ("canonicalize", "cse")  # MLIR's own, run on the whole module in either context
 
-_MODULES = ("bt_annotate", "bt_propagate", "bt_improve", "defer_dequant", "bt_lift", "bt_split", "bt_verify",
+_MODULES = ("bt_annotate", "bt_propagate", "bt_improve", "requantize_merged", "defer_dequant", "bt_lift", "bt_split", "bt_verify",
             "flatten_matmul", "collapse_views", "decompose_topk", "lora_sites", "factorized_program", "expert_factors",
             "bt_stacks", "bt_gather", "routing_counts", "group_experts", "index_bounds", "use_parameters", "resident_state", "fuse_gathers", "fuse_dequant", "pack_weights", "hoist_asserts", "entry_reflection")
 _TARGET_MODULES = ("stageml.compiler.sm90.attach_hopper_target", "stageml.compiler.sm90.use_custom_kernels")

@@ -30,6 +30,11 @@ Layout work on earlier-stage values (transposes of weights, casts, reshapes)
 needs no rewrite here: bt-propagate gives it the earlier time and bt-split
 hoists it into @static or @adapter.
 
+With merge-quantized=false no rewrite builds a float matrix from an integer
+weight (an int8 layer's LoRA stays factorized, its weight int8): a single-tenant
+--keep-quantized compile. A multi-tenant one merges, and requantize-merged
+makes the merge int8 again.
+
 A "factorized" program keeps its LoRA sites as they are (it serves each
 row's adapter from its factors): the pass leaves it alone.
 """
@@ -41,6 +46,7 @@ from stageml.compiler.ir import (const_int, timed, erase_dead_ops, is_rematerial
                                  users, value_time, vtensor_shape, vtensor_type)
 from stageml.compiler.facts import FACTORIZED
 from stageml.compiler.passes import program_of, programs, register
+from stageml.compiler.passes.defer_dequant import is_widening_cast
 from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 
@@ -158,7 +164,15 @@ def add_biases(value: ir.Value, biases) -> ir.Value:
     return value
 
 
-def improve(func, merge_lora: bool, stats) -> None:
+def _reads_integer_weight(matrix) -> bool:
+    """Whether `matrix` is built from an integer tensor converted to floats."""
+    if matrix[0] == "leaf":
+        owner = matrix[1].owner
+        return not isinstance(owner, ir.Block) and is_widening_cast(owner.operation)
+    return any(_reads_integer_weight(m) for m in matrix[1:] if isinstance(m, tuple))
+
+
+def improve(func, merge_lora: bool, stats, merge_quantized: bool = True) -> None:
     block = func.regions[0].blocks[0]
     for op in reversed(list(block.operations)):
         op = op.operation
@@ -174,6 +188,8 @@ def improve(func, merge_lora: bool, stats) -> None:
             continue  # merging would not lower request-time FLOPs
         if not merge_lora and _matrix_time(form.matrix) == BindingTime.ADAPTER:
             continue  # the cost policy keeps adapters factorized
+        if not merge_quantized and _reads_integer_weight(form.matrix):
+            continue  # a float product of an integer weight: four times its bytes (defer-dequant keeps it int8)
         with ir.InsertionPoint(op), op.location:
             matrix = _build(form.matrix, vtensor_shape(op.result.type)[1])
             product = torch_d.AtenMatmulOp(op.result.type, form.x, matrix).result
@@ -187,6 +203,7 @@ def improve(func, merge_lora: bool, stats) -> None:
 @dataclasses.dataclass(frozen=True)
 class BtImproveOptions:
     merge_lora: bool = True  # the cost policy may decline LoRA merges
+    merge_quantized: bool = True  # false: no merge into an integer weight (a single-tenant --keep-quantized)
 
 
 @register("bt-improve", "binding-time improvements: LoRA merge, FLOP-aware reassociation",
@@ -194,4 +211,4 @@ class BtImproveOptions:
 def run(module_op, options, stats) -> None:
     for func in programs(module_op):
         if program_of(func) != FACTORIZED:
-            improve(func, options.merge_lora, stats)
+            improve(func, options.merge_lora, stats, options.merge_quantized)

@@ -18,7 +18,7 @@ request-time, so an earlier-time result is lifted to dynamic.
 from torch_mlir import ir
 
 from stageml.binding_time import BindingTime
-from stageml.compiler.ir import (TIME, arg_name, is_rematerializable, is_tensor, time_attr,
+from stageml.compiler.ir import (TIME, arg_name, is_rematerializable, is_tensor, parse_time, time_attr,
                                  value_time)
 from stageml.compiler.passes import program_of, programs, register
 from stageml.compiler.facts import MAIN
@@ -46,7 +46,7 @@ def lift(func, prefix: str = "") -> dict:
         op = op.operation
         if op.name == "bt.lift":
             continue
-        to = value_time(op.results[0]) if len(op.results) and TIME in op.attributes else BindingTime.DYNAMIC
+        to = parse_time(op.attributes[TIME]) if TIME in op.attributes else BindingTime.DYNAMIC  # (func.return: dynamic)
         for index, value in enumerate(op.operands):
             source = value_time(value)
             if source >= to or is_rematerializable(value):

@@ -24,6 +24,9 @@ makes that state resident: a result of @adapter and an argument of
 @forward of kind "resident", declared once on the module with its owning
 stage, shape (the slot dimension leading, `max_adapters` + 1 entries: slot
 0 is the base model) and program; @forward indexes it by the rows' slots.
+A `bt.measure` of a value makes it a result of its stage's function of kind
+"measure" (with the sites it is about), which no later stage takes.
+
 A gather of a value's own leading dimension (`stack = "leading"`: an expert
 stack, bt-stacks') indexes the value itself, passed whole (a static argument
 by its own name). Each gather is indexed where it is first used, after its
@@ -72,6 +75,7 @@ class _Stage:
         self.inputs = {}    # name -> (value used in @main, from-time or None for arguments)
         self.outputs = {}   # name -> source value in @main
         self.gathers = {}   # name -> bt.gather op in @main, whose table is an input
+        self.measures = {}  # name -> the sites a bt.measure output is about
         self.ops = []
 
 
@@ -91,6 +95,11 @@ def _plan(main) -> dict:
             stages[to].gathers[name] = op
             if source != BindingTime.STATIC or not isinstance(op.operands[0].owner, ir.Block):
                 stages[source].outputs.setdefault(name, op.operands[0])
+        elif op.name == "bt.measure":
+            name = ir.StringAttr(op.attributes["name"]).value
+            stage = stages[parse_time(op.attributes[TIME])]
+            stage.outputs[name] = op.operands[0]
+            stage.measures[name] = [ir.StringAttr(s).value for s in ir.ArrayAttr(op.attributes["sites"])]
         elif op.name != "func.return" and TIME in op.attributes and not (
                 len(op.results) == 1 and is_rematerializable(op.results[0])):  # cloned where used
             stages[parse_time(op.attributes[TIME])].ops.append(op)
@@ -194,6 +203,9 @@ def _result_facts(stage, stages, main) -> list:
     later = [s for s in stages.values() if s.time > stage.time]
     entries = []
     for name in stage.outputs:
+        if name in stage.measures:
+            entries.append({"name": name, "kind": facts.MEASURE, "sites": stage.measures[name]})
+            continue
         kind = facts.PARAMETER if stage.time == BindingTime.STATIC else facts.STATE
         if any(name in s.gathers and _stack(s.gathers[name]) in _PER_SLOT for s in later):
             kind = facts.RESIDENT_KIND

@@ -29,27 +29,12 @@ from torch_mlir.dialects import func as func_d
 from torch_mlir.dialects import torch as torch_d
 
 from stageml.compiler import facts
-from stageml.compiler.ir import arg_name, const_int, defining_op, timed, vtensor_shape, vtensor_type
+from stageml.compiler.ir import argument_names, const_int, timed, vtensor_shape, vtensor_type
 from stageml.compiler.passes import program_of, programs, register
 from stageml.compiler.passes.bt_gather import SLOT_ENTRIES
 from stageml.compiler.passes.bt_stacks import LEADING
 
 _INT64 = 4           # torch's dtype code of int64
-
-
-def _argument_names(func, value) -> set:
-    """The names of `func`'s arguments `value` is computed from."""
-    names, seen, todo = set(), set(), [value]
-    while todo:
-        value = todo.pop()
-        op = defining_op(value)
-        if op is None:
-            names.add(arg_name(func, ir.BlockArgument(value).arg_number))
-            continue
-        if op not in seen:
-            seen.add(op)
-            todo.extend(op.operands)
-    return names
 
 
 def _counts(entry: ir.Value, slots: int, experts: int) -> ir.Value:
@@ -78,7 +63,7 @@ def count(func, sites: list, slots: int, stack: str) -> int:
         op = op.operation
         if op.name != "bt.gather" or ir.StringAttr(op.attributes["stack"]).value != stack:
             continue
-        names = _argument_names(func, op.operands[0])
+        names = argument_names(func, op.operands[0])
         _, known = layers.setdefault(op.operands[1], (vtensor_shape(op.operands[0].type)[0][0], []))
         known.extend(s["lora_A"] for s in sites if s["experts"] and s["lora_A"] not in known
                      and (s["lora_A"] in names or s["lora_B"] in names))

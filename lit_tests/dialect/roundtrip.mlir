@@ -36,3 +36,13 @@ func.func @rows(%arg0: !torch.vtensor<[4,8],f32>, %arg1: !torch.vtensor<[?],si64
   %1 = "bt.gather"(%arg2, %arg1) {stack = "leading", from = #bt.time<"static">, to = #bt.time<"dynamic">, name = "experts", bt.time = #bt.time<"dynamic">} : (!torch.vtensor<[3,4,8],f32>, !torch.vtensor<[?],si64>) -> !torch.vtensor<[?,4,8],f32>
   return %0, %1 : !torch.vtensor<[?,4,8],f32>, !torch.vtensor<[?,4,8],f32>
 }
+
+// bt.measure: an adapter-time value the stage reports to the runtime (a
+// re-quantized merge's error), about the sites it names.
+// CHECK-LABEL: func.func @measure
+// CHECK-NEXT:  "bt.measure"(%arg0) {bt.time = #bt.time<"adapter">, name = "quantization_error.0", sites = ["fc.lora_A.default.weight"]} : (!torch.vtensor<[2],f32>) -> ()
+// CHECK-NEXT:  return
+func.func @measure(%arg0: !torch.vtensor<[2],f32> {bt.time = #bt.time<"adapter">}) attributes {bt.program = "main"} {
+  "bt.measure"(%arg0) {name = "quantization_error.0", sites = ["fc.lora_A.default.weight"], bt.time = #bt.time<"adapter">} : (!torch.vtensor<[2],f32>) -> ()
+  return
+}
