@@ -23,6 +23,18 @@ def test_unlimited_budget_merges_every_used_adapter():
     assert result.forms == {"hot": "merged", "cold": "factorized"}
 
 
+def test_a_merge_that_errs_above_the_bound_stays_factorized():
+    # An int8 base's merge is re-quantized: "lossy" would lose 30% of its update, so even the
+    # hottest adapter with room to spare stays factorized, and says why; the budget's room
+    # goes to the others.
+    hot, lossy = _adapter("hot", 1, 10), _adapter("lossy", 1, 100)
+    lossy.merge_error, hot.merge_error = 0.3, 0.01
+    result = plan([hot, lossy], budget_bytes=1 << 30, error_bound=0.05)
+    assert result.forms == {"hot": "merged", "lossy": "factorized"}
+    assert "error of 0.3 of its update, above the bound 0.05" in result.reasons["lossy"]
+    assert plan([hot, lossy], budget_bytes=1 << 30).forms == {"hot": "merged", "lossy": "merged"}  # no bound
+
+
 def test_exact_choice_beats_ratio_greedy():
     # Merging costs 6 sites' merged bytes for "big" and 5 for "p" and "q";
     # there is room for 10. Greedy by saved FLOPs per byte takes "big" first
