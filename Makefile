@@ -26,6 +26,7 @@ sweep: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_cpu.py
+	$(PY) benchmarks/bench_quantized.py
 
 clean:
 	rm -rf out build lit_tests/**/Output
