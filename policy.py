@@ -6,6 +6,7 @@ Per LoRA site (a linear layer `in -> out` with rank r, elements of b bytes:
     form        bytes held per adapter           extra request-time work per token
     factorized  r*(in+out)*b (its factors)       2*r*(in+out) FLOPs, r*(in+out)*b bytes read
     merged      out*in*b more (its W + sBA)      none (one GEMM, as the base model)
+                (re-quantized to int8: out*in + 4*out)
 
 A merged adapter keeps its factors, so that its rows can still join mixed
 batches. Merging therefore buys `requests * extra FLOPs` for `merged_bytes`.
@@ -36,6 +37,13 @@ class LoraSite:
     out_features: int
     element_bytes: int = 4
     experts: int = 1
+    requantized: bool = False  # merged as int8 with a float32 scale per output (requantize-merged)
+
+    @property
+    def merged_bytes(self) -> int:
+        if self.requantized:
+            return self.experts * (self.in_features + 4) * self.out_features
+        return self.experts * self.in_features * self.out_features * self.element_bytes
 
 
 @dataclasses.dataclass
@@ -50,7 +58,7 @@ class AdapterProfile:
 
     @property
     def merged_bytes(self) -> int:
-        return sum(s.experts * s.in_features * s.out_features * s.element_bytes for s in self.sites)
+        return sum(s.merged_bytes for s in self.sites)
 
     @property
     def factorized_bytes(self) -> int:

@@ -106,8 +106,10 @@ class TenantModule(ResidualModule):
         self._calls = 0
         self._batches = {}  # composition (a tuple of names) -> _Batch, least recently used first
         self._residency = 0  # counts slot changes: a _Batch checked before one is stale
+        requantized = {name for r in self.entry("adapter", MAIN)["results"] if r["kind"] == MEASURE
+                       for name in r["sites"]}
         sites = tuple(LoraSite(s["in_features"], s["out_features"], numpy_dtype(s["dtype"]).itemsize,
-                               max(s.get("experts", 0), 1)) for s in self._sites)
+                               max(s.get("experts", 0), 1), s["lora_A"] in requantized) for s in self._sites)
         self._profile = AdapterProfile("", self._max_rank, sites)
         routed = routing_sites([self.entry("dynamic", FACTORIZED)])
         self._layers = expert_layers(self._sites, routed, self._max_rank)

@@ -140,6 +140,9 @@ def test_int8_tenants_merge_only_under_the_error_bound(quantized, tenants):
     assert big["form"] == "merged" and big["merge_error"] <= 0.05
     assert small["form"] == "factorized" and small["merge_error"] > 0.05
     assert "above quantization_error_bound 0.05" in small["reason"]
+    # the merged copy is int8 with a float32 scale per output: what the policy counts
+    assert big["bytes_held"] - small["bytes_held"] == sum((s["in_features"] + 4) * s["out_features"]
+                                                          for s in mod.tenants["sites"])
     seed = torch.seed()
     print(f"seed {seed}")
     for shape in SHAPES:
