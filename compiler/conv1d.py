@@ -10,9 +10,9 @@ own dims (no view), which every later pass reads as a linear layer; PEFT's
 LoRA around it (`fan_in_fan_out=True`) is an ordinary LoRA branch beside it.
 """
 
-import contextlib
-
 import torch
+
+from stageml.compiler import forwards
 
 
 def _linear(self, x):
@@ -20,19 +20,10 @@ def _linear(self, x):
     return torch.matmul(x, self.weight) + self.bias
 
 
-@contextlib.contextmanager
 def staged(model):
-    """Within the block, `model`'s Conv1D layers run `_linear` (restored after)."""
+    """A block within which `model`'s Conv1D layers run `_linear` (restored after)."""
     try:
         from transformers.pytorch_utils import Conv1D
     except ImportError:  # (a transformers without it has no such layers)
-        yield
-        return
-    layers = [m for m in model.modules() if isinstance(m, Conv1D) and "forward" not in vars(m)]
-    for layer in layers:
-        layer.forward = _linear.__get__(layer)
-    try:
-        yield
-    finally:
-        for layer in layers:
-            del layer.forward
+        return forwards.replaced([], _linear)
+    return forwards.replaced([m for m in model.modules() if isinstance(m, Conv1D)], _linear)

@@ -20,10 +20,11 @@ ordinary LoRA branch beside it. Other torchao layouts (dynamic activation
 quantization, per-group scales) export as torchao writes them.
 """
 
-import contextlib
 import sys
 
 import torch
+
+from stageml.compiler import forwards
 
 
 def _weight_only_int8(weight) -> bool:
@@ -40,15 +41,7 @@ def _linear(self, x):
     return y if self.bias is None else y + self.bias
 
 
-@contextlib.contextmanager
 def staged(model):
-    """Within the block, `model`'s int8 weight-only Linear layers run `_linear` (restored after)."""
-    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and "forward" not in vars(m)
-              and _weight_only_int8(m.weight)]
-    for layer in layers:
-        layer.forward = _linear.__get__(layer)
-    try:
-        yield
-    finally:
-        for layer in layers:
-            del layer.forward
+    """A block within which `model`'s int8 weight-only Linear layers run `_linear` (restored after)."""
+    return forwards.replaced([m for m in model.modules()
+                              if isinstance(m, torch.nn.Linear) and _weight_only_int8(m.weight)], _linear)

@@ -23,6 +23,24 @@ def is_zero_fill(value) -> bool:
             and ir.FloatAttr(scalar.attributes["value"]).value == 0.0)
 
 
+def rewrite_request_functions(module_op, op_name: str, match, stats, counter: str) -> None:
+    """Applies `match(op, rewriter)` to every `op_name` op of the request-time stage functions by
+    IREE's bindings' walk driver; `match` returns True where it does not apply (the bindings'
+    convention). Counts the rewrites in stats[counter]."""
+    from iree.compiler import rewrite
+
+    def pattern(op, rewriter):
+        unmatched = match(op, rewriter)
+        stats[counter] += not unmatched
+        return unmatched
+
+    with module_op.context:
+        for func in facts.stage_functions(module_op, "dynamic"):
+            patterns = rewrite.RewritePatternSet()
+            patterns.add(op_name, pattern)
+            rewrite.walk_and_apply_patterns(func, patterns.freeze())
+
+
 def retype(func) -> None:
     """Sets `func`'s type to its arguments' and returned values' types."""
     block = func.regions[0].blocks[0]

@@ -190,7 +190,7 @@ def test_host_target():
     assert target.mmt4d_tiles("f32")[-1][0] is None
     assert target.flags()[0] == "--iree-llvmcpu-target-cpu=host"
     assert "--iree-opt-data-tiling" in target.flags()
-    assert target.passes() == [("pack-weights", PackWeightsOptions(cpu="host"))]
+    assert target.passes() == [("pack-weights", PackWeightsOptions(cpu="host")), ("fuse-dequant", None)]
     described = target.describe()
     assert (described["name"], described["device"], described["cpu"]) == ("cpu", "local-task", "host")
     assert described["features"] == sorted(described["features"])

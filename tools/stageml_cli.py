@@ -14,9 +14,9 @@ import os
 import signal
 import sys
 import traceback
-import warnings
 
 from stageml.errors import StageMLError
+from stageml.tools import quiet_dependencies
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else EXIT_USAGE
-    warnings.simplefilter("ignore")
+    quiet_dependencies()
     adapters = {}
     for name, directory in args.adapter:
         if name in adapters:

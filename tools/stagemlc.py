@@ -19,12 +19,12 @@ import json
 import os
 import sys
 import traceback
-import warnings
 
 from stageml.compiler.options import EMITS, CompileOptions
 from stageml.compiler.stage_spec import parse_stage_option
 from stageml.compiler.targets import TARGETS
 from stageml.errors import CompileError, OutputError, StageMLError
+from stageml.tools import quiet_dependencies
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 TRACEBACK_ENV = "STAGEML_TRACEBACK"
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
         print("stagemlc: error: --max-rank applies only with --max-adapters: add --max-adapters N or drop it",
               file=sys.stderr)
         return EXIT_USAGE
-    warnings.simplefilter("ignore")  # torch's and transformers' deprecation noise
+    quiet_dependencies()
     try:
         return _run(args)
     except StageMLError as e:

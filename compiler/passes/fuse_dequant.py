@@ -23,9 +23,8 @@ One dispatch, which IREE's data tiling packs the int8 weight for once, at load
 from iree.compiler import ir
 from iree.compiler.dialects import linalg
 
-from stageml.compiler import facts
 from stageml.compiler.passes import register
-from stageml.compiler.residual_ir import defining_op
+from stageml.compiler.residual_ir import defining_op, rewrite_request_functions
 
 
 def _signed_widening(value, result_type):
@@ -62,15 +61,4 @@ def fuse(op, rewriter) -> bool:
 @register("fuse-dequant", "products read integer weights as they are, converting inside the product",
           context="iree")
 def run(module_op, options, stats) -> None:
-    from iree.compiler import rewrite
-
-    def pattern(op, rewriter):
-        unmatched = fuse(op, rewriter)
-        stats["fuse-dequant"] += not unmatched
-        return unmatched
-
-    with module_op.context:
-        for func in facts.stage_functions(module_op, "dynamic"):
-            patterns = rewrite.RewritePatternSet()
-            patterns.add("linalg.matmul", pattern)
-            rewrite.walk_and_apply_patterns(func, patterns.freeze())
+    rewrite_request_functions(module_op, "linalg.matmul", fuse, stats, "fuse-dequant")

@@ -38,9 +38,8 @@ import math
 from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, tensor
 
-from stageml.compiler import facts
 from stageml.compiler.passes import register
-from stageml.compiler.residual_ir import is_zero_fill
+from stageml.compiler.residual_ir import is_zero_fill, rewrite_request_functions
 
 _GATHER_BODY = ["arith.index_cast", "linalg.index", "linalg.index", "tensor.extract", "linalg.yield"]
 
@@ -196,15 +195,5 @@ class FuseGathersOptions:
 @register("fuse-gathers", "request-time per-row products read their rows' factors from the slot table",
           options=FuseGathersOptions, context="iree")
 def run(module_op, options, stats) -> None:
-    from iree.compiler import rewrite
-
-    def pattern(op, rewriter):
-        unmatched = fuse_gather(op, rewriter, options.multi_token)
-        stats["fuse-gathers"] += not unmatched
-        return unmatched
-
-    with module_op.context:
-        for func in facts.stage_functions(module_op, "dynamic"):
-            patterns = rewrite.RewritePatternSet()
-            patterns.add("linalg.batch_matmul", pattern)
-            rewrite.walk_and_apply_patterns(func, patterns.freeze())
+    rewrite_request_functions(module_op, "linalg.batch_matmul",
+                              lambda op, rewriter: fuse_gather(op, rewriter, options.multi_token), stats, "fuse-gathers")
