@@ -2,6 +2,7 @@
 without PEFT LoRA, against the quantized model run by PyTorch (and PEFT)."""
 
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -169,3 +170,26 @@ def test_int8_tenants_error_bound_is_the_users(quantized, tenants):
     for bad in (-0.1, "0.05", True, float("nan")):
         with pytest.raises(AdapterError, match="quantization_error_bound is"):
             stageml.load(tenants, quantization_error_bound=bad)
+
+
+def test_stagemlc_keeps_int8(quantized, tmp_path, capsys):
+    """stagemlc --keep-quantized on a .pt2 of the int8 model (exported inside quantized.staged;
+    torchao's int8 tensors are pickled, so the file needs --trust-model)."""
+    from stageml.compiler import quantized as forms
+    from stageml.tools import stagemlc
+
+    model = CausalLM(quantized["base"]).eval()
+    with forms.staged(model):
+        program = torch.export.export(model, (_ids(0, SHAPES[0]),), strict=False,
+                                      dynamic_shapes={"ids": {0: Dim("batch", max=8), 1: Dim("seq", max=32)}})
+    torch.export.save(program, str(tmp_path / "int8.pt2"))
+    out = str(tmp_path / "int8.vmfb")
+    assert stagemlc.main([str(tmp_path / "int8.pt2"), "-o", out, "--keep-quantized", "-q"]) == 1
+    assert "--trust-model" in capsys.readouterr().err
+    assert stagemlc.main([str(tmp_path / "int8.pt2"), "-o", out, "--keep-quantized", "--trust-model", "-q"]) == 0
+    with open(out.removesuffix(".vmfb") + ".json") as f:  # the manifest's compile report
+        assert json.load(f)["report"]["rewrites"]["fuse-dequant"] == _quantized_layers(model) == 15
+    mod = stageml.load(out)
+    ids = _ids(torch.seed(), SHAPES[1])
+    with torch.no_grad():
+        assert rel_err(mod(ids), model(ids)) <= 1e-4
