@@ -190,6 +190,8 @@ def test_stagemlc_keeps_int8(quantized, tmp_path, capsys):
     with open(out.removesuffix(".vmfb") + ".json") as f:  # the manifest's compile report
         assert json.load(f)["report"]["rewrites"]["fuse-dequant"] == _quantized_layers(model) == 15
     mod = stageml.load(out)
-    ids = _ids(torch.seed(), SHAPES[1])
+    seed = torch.seed()
+    print(f"seed {seed}")
+    ids = _ids(seed, SHAPES[1])
     with torch.no_grad():
         assert rel_err(mod(ids), model(ids)) <= 1e-4
