@@ -195,3 +195,19 @@ def test_stagemlc_keeps_int8(quantized, tmp_path, capsys):
     ids = _ids(seed, SHAPES[1])
     with torch.no_grad():
         assert rel_err(mod(ids), model(ids)) <= 1e-4
+
+
+def test_generation_over_an_int8_base(quantized, tmp_path):
+    """A generation step of the int8 model (compile(model, generate=True)) with its weights kept
+    int8 generates transformers' greedy tokens on the torchao model."""
+    art = stageml.compile(quantized["base"], generate=True, max_seq=64, sequences=2, keep_quantized=True)
+    assert art.report.rewrites["fuse-dequant"] == _quantized_layers(quantized["base"])
+    generator = stageml.load(art.save(str(tmp_path / "step.vmfb")))
+    seed = torch.seed()
+    print(f"seed {seed}")
+    prompts = [_ids(seed, (1, 5))[0].tolist(), _ids(seed + 1, (1, 3))[0].tolist()]
+    got = generator.generate(prompts, max_new_tokens=6)
+    for prompt, tokens in zip(prompts, got):
+        with torch.no_grad():
+            expected = quantized["base"].generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)
+        assert tokens == expected[0, len(prompt):].tolist()
