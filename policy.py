@@ -107,14 +107,19 @@ def plan(adapters: list, budget_bytes: int, error_bound: float = math.inf) -> Pl
                 {a.name: _reason(a, a.name in merged, capacity, error_bound) for a in adapters})
 
 
+def requantization_reason(merge_error: float, error_bound: float) -> str:
+    """Why an adapter whose re-quantized merge errs above the bound is not served merged."""
+    return (f"merging re-quantizes its weights with an error of {merge_error:.3g} of its update, "
+            f"above quantization_error_bound {error_bound:g}")
+
+
 def _reason(adapter: AdapterProfile, merged: bool, capacity: int, error_bound: float = math.inf) -> str:
     """Why `plan` gave `adapter` its form, in one phrase."""
     gain = adapter.requests * adapter.factorized_flops_per_token
     if merged:
         return f"merging saves {gain:.0f} request-time FLOPs for {adapter.merged_bytes} bytes"
     if adapter.merge_error > error_bound:
-        return (f"merging re-quantizes its weights with an error of {adapter.merge_error:.3g} of its update, "
-                f"above the bound {error_bound:g}")
+        return requantization_reason(adapter.merge_error, error_bound)
     if gain <= 0:
         return "no traffic since the last re-plan"
     if adapter.merged_bytes > capacity:

@@ -30,8 +30,9 @@ from stageml.compiler import forwards
 def _weight_only_int8(weight) -> bool:
     """Whether `weight` is a torchao Int8Tensor of int8 weight-only, per-row quantization."""
     torchao = sys.modules.get("torchao.quantization")  # a model holding its tensors imported it
-    return (torchao is not None and isinstance(weight, torchao.Int8Tensor) and weight.qdata.dim() == 2 and weight.act_quant_kwargs is None
-            and weight.act_pre_scale is None and list(weight.block_size) == [1, weight.qdata.shape[1]])
+    return (torchao is not None and isinstance(weight, torchao.Int8Tensor) and weight.qdata.dim() == 2
+            and weight.act_quant_kwargs is None and weight.act_pre_scale is None
+            and list(weight.block_size) == [1, weight.qdata.shape[1]])
 
 
 def _linear(self, x):

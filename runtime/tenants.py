@@ -35,7 +35,7 @@ from iree import runtime as iree_rt
 from stageml.compiler.entry_points import routing_sites
 from stageml.compiler.facts import FACTORIZED, IDS, MAIN, MEASURE, ROUTING
 from stageml.errors import AdapterError, ArtifactError, InputError
-from stageml.policy import AdapterProfile, LoraSite, expert_layers, plan
+from stageml.policy import AdapterProfile, LoraSite, expert_layers, plan, requantization_reason
 from stageml.runtime import peft_adapter
 from stageml.runtime.module import ResidualModule, numpy_dtype
 
@@ -146,7 +146,7 @@ class TenantModule(ResidualModule):
         with self._lock:
             self._check_budget(name)
             adapter = _Adapter(source, config, inputs)
-            adapter.merge_error = self._merge_error(adapter)
+            measured = self._measure_merge(adapter)
             self._make_resident(adapter, busy={name})
             self._count_routing()  # calls so far routed the replaced adapter's rows, not this one's
             old = self._adapters.pop(name, None)
@@ -154,11 +154,12 @@ class TenantModule(ResidualModule):
                 self._evict(old)
             self._adapters[name] = adapter
             adapter.last_used = next(self._clock)
-            self._replan()
+            self._replan(measured={name: measured})
 
-    def _merge_error(self, adapter: _Adapter) -> float | None:
-        """How far re-quantizing `adapter`'s merge moves it, relative to its update: the largest
-        sqrt(error² / update²) of the module's measured sites (None where nothing is re-quantized)."""
+    def _measure_merge(self, adapter: _Adapter) -> list | None:
+        """Sets `adapter.merge_error`, how far re-quantizing its merge moves it relative to its update
+        (the largest sqrt(error² / update²) of the module's measured sites), and returns the merged
+        state that measured it; None where the module re-quantizes nothing."""
         if not self._measures:
             return None
         try:
@@ -170,7 +171,8 @@ class TenantModule(ResidualModule):
         for index in self._measures:
             error, update = (float(v) for v in np.asarray(state[index].to_host()))
             worst = max(worst, math.sqrt(error / update) if update > 0 else math.inf if error > 0 else 0.0)
-        return worst
+        adapter.merge_error = worst
+        return state
 
     def _check_budget(self, name: str) -> None:
         """Raises if loading adapter `name` would leave the budget unable to hold
@@ -248,9 +250,10 @@ class TenantModule(ResidualModule):
             self._replan()
             return {n: f["form"] for n, f in self.stats()["adapters"].items()}
 
-    def _replan(self, decay: bool = False) -> None:
+    def _replan(self, decay: bool = False, measured: dict | None = None) -> None:
         """Applies the policy to the resident adapters; `decay` then halves their
-        traffic counts (the periodic re-plan), so that recent traffic counts most."""
+        traffic counts (the periodic re-plan), so that recent traffic counts most.
+        `measured`: {name: merged state} an adapter's load already computed."""
         self._count_routing()
         self._count_calls()
         resident = {n: a for n, a in self._adapters.items() if a.slot is not None}
@@ -266,13 +269,11 @@ class TenantModule(ResidualModule):
             for name, adapter in resident.items():
                 if self._policy == "merged" and (adapter.merge_error or 0.0) > self._error_bound:
                     forms[name] = "factorized"
-                    reasons[name] = (f"policy 'merged', but merging re-quantizes its weights with an error of "
-                                     f"{adapter.merge_error:.3g} of its update, above quantization_error_bound "
-                                     f"{self._error_bound:g}")
+                    reasons[name] = f"policy 'merged', but {requantization_reason(adapter.merge_error, self._error_bound)}"
         for name, adapter in resident.items():
             adapter.reason = reasons[name]
             if forms[name] == "merged" and adapter.merged is None:
-                adapter.merged = self._run_adapter(self._arguments(adapter))
+                adapter.merged = (measured or {}).get(name) or self._run_adapter(self._arguments(adapter))
             elif forms[name] == "factorized":
                 adapter.merged = None
             if decay:

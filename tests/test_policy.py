@@ -31,7 +31,7 @@ def test_a_merge_that_errs_above_the_bound_stays_factorized():
     lossy.merge_error, hot.merge_error = 0.3, 0.01
     result = plan([hot, lossy], budget_bytes=1 << 30, error_bound=0.05)
     assert result.forms == {"hot": "merged", "lossy": "factorized"}
-    assert "error of 0.3 of its update, above the bound 0.05" in result.reasons["lossy"]
+    assert "error of 0.3 of its update, above quantization_error_bound 0.05" in result.reasons["lossy"]
     assert plan([hot, lossy], budget_bytes=1 << 30).forms == {"hot": "merged", "lossy": "merged"}  # no bound
 
 
