@@ -340,6 +340,32 @@ def test_too_small_budget_is_an_error(linear):
     assert mod.adapters == []
 
 
+def test_a_site_iree_data_tiling_cannot_vectorize_compiles_by_the_next_path(tmp_path):
+    """A multi-tenant site of in 32, out 24 and rank 16 stops IREE 3.13's dispatch-creation data
+    tiling for znver4 ("One or more operations with large vector sizes", iree-org/iree#24876): the
+    residual is compiled by the next path, and for this CPU (whichever path it takes) matches PEFT."""
+    from peft import LoraConfig, get_peft_model
+
+    from stageml.compiler.options import CompileOptions
+    from stageml.compiler.targets import get_target
+
+    seed = torch.seed()
+    print("seed", seed)
+    model = get_peft_model(torch.nn.Sequential(torch.nn.Linear(32, 24)),
+                           LoraConfig(r=4, target_modules=["0"], init_lora_weights=False)).eval()
+    model.save_pretrained(str(tmp_path / "a"))
+    example, dims = (torch.randn(2, 32),), ({0: Dim("rows", max=8)},)
+    znver4 = stageml.compile(model, example, dynamic_shapes=dims, max_adapters=2, max_rank=16, cpu="znver4")
+    assert znver4.report.iree_flags == get_target(CompileOptions(cpu="znver4")).flag_choices(None)[1]
+    art = stageml.compile(model, example, dynamic_shapes=dims, max_adapters=2, max_rank=16)
+    mod = art.load(str(tmp_path / "r.vmfb"))
+    mod.load_adapter("a", str(tmp_path / "a"))
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        expected = torch.cat([model(x[:1]), model.base_model.model[0].base_layer(x[1:2]), model(x[2:])])
+    assert rel_err(mod.run_batch(x, adapters=["a", None, "a"]), expected) <= 1e-5
+
+
 # -- bad adapters and requests: errors that change nothing ------------------------
 
 @pytest.mark.parametrize("tensors, match", [
