@@ -33,7 +33,7 @@ class Artifact:
         results in call order, with their facts, shapes and dtypes.
       parameters: {name: ndarray} the residual reads (folded or as given).
       default_adapter: {name: ndarray} the adapter weights the model came with.
-      tenants: for a multi-tenant compile, {"max_adapters", "max_rank", "sites"}.
+      tenants: for a multi-tenant compile, {"max_adapters", "max_rank", "sites", "unread"}.
       target: what the target records of itself (name, device, ...).
       source: the model file compiled (None for a module): `save` never overwrites it.
     """

@@ -53,9 +53,10 @@ def routing_sites(described: list, program: str = facts.FACTORIZED) -> list:
 
 
 def tenants(module_op) -> dict | None:
-    """The multi-tenant configuration: {"max_adapters", "max_rank", "sites"}, or None."""
+    """The multi-tenant configuration: {"max_adapters", "max_rank", "sites", "unread"}, or None."""
     configured = facts.get(module_op, facts.TENANTS)
-    return None if configured is None else {**configured, "sites": facts.get(module_op, facts.SITES, [])}
+    return None if configured is None else {**configured, "sites": facts.get(module_op, facts.SITES, []),
+                                              "unread": facts.get(module_op, facts.UNREAD_FACTORS, [])}
 
 
 def parameters(module_op) -> list:

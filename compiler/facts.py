@@ -20,7 +20,8 @@ way of running the model: "main", and for a multi-tenant compile also
 "factorized" (per-row adapters gathered from resident slot tables). The
 module records the multi-tenant configuration (`bt.tenants`) and each
 piece of resident state (`bt.resident`: its owning stage, program, shape
-and slot dimension) and its LoRA sites (`bt.sites`, see lora-sites). An
+and slot dimension) and its LoRA sites (`bt.sites`, see lora-sites; `bt.unread_factors`, the adapter-time
+arguments nothing reads). An
 argument that indexes a table records the values it may take (`bt.range`,
 see index-bounds).
 
@@ -36,6 +37,7 @@ NAME = "bt.name"
 KIND = "bt.kind"
 RESULT = "bt.result"
 SITES = "bt.sites"
+UNREAD_FACTORS = "bt.unread_factors"  # adapter-time arguments no program reads (LoRA on a module the forward never runs)
 TENANTS = "bt.tenants"
 RESIDENT = "bt.resident"
 DIMS = "bt.dims"    # an input's dimension ranges from the export: [{"min": lo, "max": hi (absent: unbounded)}]

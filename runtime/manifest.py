@@ -129,6 +129,7 @@ class Tenants(_Strict):
     max_adapters: Positive
     max_rank: Positive
     sites: list[Site]
+    unread: list[Name] = []  # adapter-time arguments nothing reads: LoRA on modules the forward never runs
 
 
 class File(_Strict):

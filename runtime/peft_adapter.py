@@ -264,13 +264,22 @@ def read(source, config=None) -> tuple[dict, dict | None]:
     return {name: _array(name, value) for name, value in source.items()}, _as_dict(config)
 
 
-def prepare(tensors: dict, config: dict | None, sites: list, max_rank: int) -> dict:
-    """{compiled adapter input name: ndarray} for one adapter (see above)."""
+def _matching(modules, module: str) -> list:
+    """The modules of `modules` that `module` names: equal, or one a suffix of the other by
+    whole components (PEFT's saved names drop the compiled ones' wrappers and prefixes)."""
+    return [m for m in modules if m == module or m.endswith("." + module) or module.endswith("." + m)]
+
+
+def prepare(tensors: dict, config: dict | None, sites: list, max_rank: int, unread=()) -> dict:
+    """{compiled adapter input name: ndarray} for one adapter (see above). Factors of a module
+    whose compiled factors are `unread` (a module the forward never runs) change nothing and
+    are left out."""
     parsed = _parse_config(config)
     if not isinstance(tensors, dict):
         raise AdapterError(f"adapter tensors are a dict of name to tensor, not a {type(tensors).__name__}: "
                            "pass a dict")
     by_site, exact, pairs = {}, {}, {}
+    inert = {_site_module(name) for name in unread}
     patterns = {}  # module -> the name PEFT's rank_pattern / alpha_pattern match for it
     for site in sites:
         module = _site_module(site["lora_A"])
@@ -287,7 +296,9 @@ def prepare(tensors: dict, config: dict | None, sites: list, max_rank: int) -> d
                 raise AdapterError(f"adapter tensor {name!r} is not a LoRA factor (lora_A / lora_B weight): "
                                    "StageML serves LoRA factors only; remove it from the adapter")
             module, factor = parsed_name
-            matches = [m for m in by_site if m == module or m.endswith("." + module) or module.endswith("." + m)]
+            matches = _matching(by_site, module)
+            if not matches and _matching(inert, module):
+                continue
             if len(matches) != 1:
                 raise AdapterError(f"adapter tensor {name!r} targets module {module!r}, which the residual was not "
                                    "compiled with LoRA on: compile a model whose LoRA targets that module")

@@ -92,6 +92,7 @@ class TenantModule(ResidualModule):
         super().__init__(path, device)
         tenants = self.tenants
         self._sites = tenants["sites"]
+        self._unread = tenants.get("unread", [])
         self._max_rank = tenants["max_rank"]
         self._free = list(range(tenants["max_adapters"], 0, -1))  # slot 0 is the base model
         self._budget = adapter_memory_budget
@@ -140,7 +141,7 @@ class TenantModule(ResidualModule):
         if not isinstance(name, str) or not name:
             raise AdapterError(f"adapter name {name!r} is not a non-empty string: name adapters with strings")
         tensors, config = peft_adapter.read(source, config)
-        inputs = peft_adapter.prepare(tensors, config, self._sites, self._max_rank)
+        inputs = peft_adapter.prepare(tensors, config, self._sites, self._max_rank, self._unread)
         if isinstance(source, dict):
             source = inputs
         with self._lock:
@@ -203,7 +204,7 @@ class TenantModule(ResidualModule):
         """Writes `adapter` into a free slot, evicting the least recently used one if needed."""
         if adapter.inputs is None:  # evicted: reload from its directory
             tensors, _ = peft_adapter.read(adapter.source)
-            adapter.inputs = peft_adapter.prepare(tensors, adapter.config, self._sites, self._max_rank)
+            adapter.inputs = peft_adapter.prepare(tensors, adapter.config, self._sites, self._max_rank, self._unread)
         if not self._free:
             self._count_calls()
             resident = [(a.last_used, n) for n, a in self._adapters.items() if a.slot is not None and n not in busy]

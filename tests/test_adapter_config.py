@@ -196,6 +196,21 @@ def test_scaling_is_peft_s(tmp_path, config, q_scale, v_scale):
         assert all(np.array_equal(v, peft_adapter.prepare(*read, SITES, MAX_RANK)[k]) for k, v in inputs.items())
 
 
+def test_factors_of_a_module_the_forward_never_runs_change_nothing():
+    """Factors of a module whose compiled factors nothing reads (`unread`: LoRA on a causal LM's
+    cross-attention) are left out; a module the residual does not know is still refused."""
+    cross = {"encoder_attn.q_proj": (6, 5)}
+    tensors = {**_factors(rank=2), **_factors(rank=2, seed=1, modules=cross)}
+    unread = [f"{PREFIX}encoder_attn.q_proj.lora_{f}.default.weight" for f in "AB"]
+    inputs = peft_adapter.prepare(tensors, None, SITES, MAX_RANK, unread)
+    _check_prepared(inputs)
+    expected = peft_adapter.prepare(_factors(rank=2), None, SITES, MAX_RANK)
+    assert all(np.array_equal(inputs[k], expected[k]) for k in expected)
+    with pytest.raises(AdapterError, match="targets module 'base_model.model.layers.0.encoder_attn.q_proj', which "
+                                           "the residual was not compiled with LoRA on"):
+        peft_adapter.prepare(tensors, None, SITES, MAX_RANK)
+
+
 def test_peft_lora_config_object():
     from peft import LoraConfig
 

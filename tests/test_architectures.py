@@ -28,9 +28,6 @@ _FIXED_SEQ = (r"torch.export failed on the model.*Constraints violated \(seq\)",
 _ONE_ROW = (r"the residual refused 'ids' \(input\d+ shape dimension 0 mismatch; expected 1 but have",
             "IREE compiles its residual for one row (batch 1), a dimension its export leaves dynamic: a call of "
             "more rows is refused")
-_UNUSED = (r"targets module .*, which the residual was not compiled with LoRA on",
-           "PEFT's all-linear adapts layers this forward never runs (a decoder's cross-attention, a vision tower); "
-           "the loader refuses factors for a layer the residual has no LoRA site for")
 _TOP_KEYS = (r"torch.export failed on the model .*satisfy the generated guard min\(2048, L\['ids'\]\.size\(\)\[1\]\)",
              "its sparse attention's indexer keeps min(2048, seq) keys: torch.export cannot prove "
              "min(2048, seq) <= seq over a dynamic sequence")
@@ -57,9 +54,6 @@ UNSUPPORTED = {  # family or "family-mode" -> (a regex of the one-line StageMLEr
                       "form does not replace: torch.export cannot trace that loop"),
     "mpt": (r"torch-mlir could not import the model: .*Max\(0, 1 - s\d+\)",
             "torch-mlir's FX importer cannot import the symbolic size Max(0, 1 - seq) of MPT's ALiBi positions"),
-    **dict.fromkeys([f"{f}-multi" for f in ("bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "git",
-                                             "got_ocr2", "marian", "mbart", "moss_transcribe_diarize", "mvp",
-                                             "pegasus", "phi4_multimodal", "plbart", "trocr", "whisper")], _UNUSED),
     "xmod": (r"torch.export failed on the model at .*modeling_xmod.py:\d+ \(ValueError: Input language unknown",
              "X-MOD routes each input through a language's adapter modules: export it after "
              "set_default_language(...)"),

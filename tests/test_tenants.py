@@ -340,6 +340,36 @@ def test_too_small_budget_is_an_error(linear):
     assert mod.adapters == []
 
 
+def test_lora_on_a_module_the_forward_never_runs(tmp_path):
+    """PEFT's all-linear adapts layers a causal LM's forward never runs (its cross-attention): the
+    residual has no site for them, and their factors, which change nothing, load and are left out."""
+    from peft import LoraConfig, get_peft_model
+
+    class Decoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(64, 48)
+            self.cross = torch.nn.Linear(64, 48)  # runs only with encoder states, never in this forward
+
+        def forward(self, x, encoder_states=None):
+            return self.fc(x) if encoder_states is None else self.fc(x) + self.cross(encoder_states)
+
+    seed = torch.seed()
+    print("seed", seed)
+    model = get_peft_model(Decoder(), LoraConfig(r=4, target_modules=["fc", "cross"], init_lora_weights=False)).eval()
+    model.save_pretrained(str(tmp_path / "a"))
+    art = stageml.compile(model, (torch.randn(2, 64),), dynamic_shapes=({0: Dim("rows", max=8)},), max_adapters=2,
+                          max_rank=8)
+    assert [s["lora_A"] for s in art.tenants["sites"]] == ["base_model.model.fc.lora_A.default.weight"]
+    assert art.tenants["unread"] == [f"base_model.model.cross.lora_{f}.default.weight" for f in "AB"]
+    mod = art.load(str(tmp_path / "r.vmfb"))
+    mod.load_adapter("a", str(tmp_path / "a"))
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        expected = torch.cat([model(x[:1]), model.base_model.model.fc.base_layer(x[1:2]), model(x[2:])])
+    assert rel_err(mod.run_batch(x, adapters=["a", None, "a"]), expected) <= 1e-5
+
+
 def test_a_site_iree_data_tiling_cannot_vectorize_compiles_by_the_next_path(tmp_path):
     """A multi-tenant site of in 32, out 24 and rank 16 stops IREE 3.13's dispatch-creation data
     tiling for znver4 ("One or more operations with large vector sizes", iree-org/iree#24876): the

@@ -57,7 +57,12 @@ names its stack's parameter), next to the multi-tenant configuration:
 
     module attributes {bt.tenants = {max_adapters = 4, max_rank = 8},
       bt.sites = [{lora_A = "fc.lora_A.default.weight", lora_B = "...", in_features = 64,
-                   out_features = 48, rank = 4, scaling = 2.0, dtype = "float32", experts = 0}]}
+                   out_features = 48, rank = 4, scaling = 2.0, dtype = "float32", experts = 0}],
+      bt.unread_factors = []}
+
+`bt.unread_factors` names the adapter-time arguments nothing reads: the factors of LoRA on a
+module the exported forward never runs (a causal LM's cross-attention, a vision tower). An
+adapter's factors for such a module change nothing, and the loader accepts them.
 """
 
 import dataclasses
@@ -367,11 +372,15 @@ class LoraSitesOptions:
 @register("lora-sites", "rebuild each LoRA site as x@W + (x@A^T)@B^T with rank-R, pre-scaled factors",
           options=LoraSitesOptions)
 def run(module_op, options, stats) -> None:
+    unread = [arg_name(func, i) for func in programs(module_op)
+              for i, arg in enumerate(func.regions[0].blocks[0].arguments)
+              if value_time(arg) == BindingTime.ADAPTER and not users(arg)]
     sites = [site for func in programs(module_op) for site in canonicalize(func, options.max_rank)]
     if not sites:
         raise CompileError("the model has no LoRA site (x@W + s*(x@A^T)@B^T, a merged parameter W + s*(B@A), "
                            "or an MoE expert stack W + s*bmm(B, A), with adapter-time PEFT lora_A/lora_B weights): "
                            "compile a PEFT LoRA model, or compile without max_adapters")
     facts.put(module_op, facts.SITES, sites)
+    facts.put(module_op, facts.UNREAD_FACTORS, unread)
     facts.put(module_op, facts.TENANTS, {"max_adapters": options.max_adapters, "max_rank": options.max_rank})
     stats["lora-site"] += len(sites)
