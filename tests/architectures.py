@@ -30,6 +30,15 @@ OVERRIDES = {  # family -> config values beside SMALL
     "minicpm3": _MLA_SIZES, "longcat_flash": _MLA_SIZES, "axk2": _MLA_SIZES, "youtu": _MLA_SIZES,
     "dots1": dict(n_shared_experts=1),  # its config leaves the shared experts' count unset
     "zaya": dict(num_experts_per_tok=1),  # the only top-k it takes
+    # configs that list per-layer values for their default depth: SMALL's 2 layers
+    "gpt_neo": dict(attention_types=[[["global", "local"], 1]]),
+    "lfm2_moe": dict(layer_types=["full_attention", "conv"]),
+    **dict.fromkeys(["gemma4_text", "gemma4_unified_text"],
+                    dict(layer_types=["sliding_attention", "full_attention"], vocab_size_per_layer_input=128,
+                         hidden_size_per_layer_input=16)),
+    "gemma3n_text": dict(layer_types=["sliding_attention", "full_attention"], intermediate_size=[128, 128],
+                         activation_sparsity_pattern=[0.0, 0.0], num_kv_shared_layers=0, vocab_size_per_layer_input=128,
+                         hidden_size_per_layer_input=16, laurel_rank=8),
 }
 
 _TOWER = "a multimodal model: its vision or audio tower keeps its full default size (GBs)"
@@ -41,7 +50,7 @@ NOT_BUILT = {  # family -> why no tiny model of it is built here
     "dots3_note": _TOWER, "emu3": _TOWER, "fuyu": _TOWER, "gemma3": _TOWER, "gemma4": _TOWER,
     "gemma4_unified": _TOWER, "gemma3n": "its vision tower needs timm and PIL, not installed",
     "axk1": _MLA, "deepseek_v4": _MLA,
-    "gpt_neo": _LAYERS, "gemma4_assistant": _LAYERS, "gemma4_unified_assistant": _LAYERS,
+    "gemma4_assistant": _LAYERS, "gemma4_unified_assistant": _LAYERS,
     "dots3_note_text": "its heads are per-layer attributes (AmbiguousGlobalPerLayerAttributeError)",
     "dbrx": "its attention config takes no rope_theta from the top-level config (AttributeError)",
     **dict.fromkeys(["musicgen", "musicgen_melody"], "its causal LM takes its decoder's config class, not the "
@@ -54,17 +63,13 @@ NOT_BUILT = {  # family -> why no tiny model of it is built here
                  "model's init)",
     "reformer": "its axial position embeddings must sum to hidden_size, and their defaults do not sum to SMALL's "
                 "(ValueError)",
-    "lfm2_moe": "its config needs layer types SMALL does not give (TypeError in the model's init)",
     "falcon_mamba": "PEFT refuses LoRA on its out_proj / conv1d (all-linear)",
     **dict.fromkeys(["falcon_h1", "mamba", "nemotron_h"], "PEFT refuses LoRA on its Mamba layers' out_proj / conv1d "
                                                          "(all-linear)"),
     "mamba2": "its config needs heads x head_dim = hidden x expand (SMALL's do not), and PEFT refuses LoRA on Mamba's "
               "out_proj / conv1d",
     **dict.fromkeys(["zamba", "zamba2"], _LAYERS),
-    "gemma3n_text": "its config's cache-sharing layer types do not fit SMALL's 2 layers (ValueError in its validation)",
     "cohere_compass_text": "its config needs layer types SMALL does not give (KeyError 'full_attention')",
-    **dict.fromkeys(["gemma4_text", "gemma4_unified_text"],
-                    "its head_dim is a per-layer attribute (AmbiguousGlobalPerLayerAttributeError)"),
     **dict.fromkeys(["phimoe", "llama4_text"], "PEFT's all-linear wraps its router, a Linear whose forward returns "
                                                 "a tuple: the PEFT model fails in eager"),
 }
@@ -77,8 +82,14 @@ def families() -> list:
 
 
 def _settable(config, name: str) -> bool:
+    from transformers.integrations.heterogeneity.configuration_utils import AmbiguousGlobalPerLayerAttributeError
+
     prop = getattr(type(config), name, None)
-    return hasattr(config, name) and not (isinstance(prop, property) and prop.fset is None)
+    try:
+        present = hasattr(config, name)
+    except AmbiguousGlobalPerLayerAttributeError:  # a per-layer value (Gemma 4's head_dim): the config's own
+        return False
+    return present and not (isinstance(prop, property) and prop.fset is None)
 
 
 def tiny_config(model_type: str):
