@@ -49,6 +49,36 @@ def _tanh_gelu(x, approximate="none"):
     return torch._decomp.decomposition_table[torch.ops.aten.gelu.default](x, approximate=approximate)
 
 
+def _scatter(x, dim, index, src):
+    """x.scatter(dim, index, src), src a tensor or a number, by comparisons: each position along `dim`
+    takes src at the last index naming it (PyTorch leaves which of several unspecified), else keeps x.
+    torch-mlir's TMTensor lowering of a scatter with a dynamic dim runs out of memory or crashes the
+    process (found on PhiMoE's router, which masks its top expert so; not reported upstream as far as
+    torch-mlir's issues show). An index narrower than x off `dim` is left to torch-mlir.
+
+        match[.., k, p, ..] = index[.., k, ..] == p          (k along dim, p a position of x's dim)
+        last[.., p, ..] = max_k (k + 1 where match, else 0)  (0: no index names p)
+        y = where(last > 0, src.gather(dim, last - 1), x)"""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    if x.dim() == 0 or index.dim() != x.dim() or not all(statically_known_true(index.shape[d] == x.shape[d])
+                                                         for d in range(x.dim()) if d != dim % x.dim()):
+        return NotImplemented
+    dim %= x.dim()
+
+    def along(values, axis):  # `values` as a vector along `axis` of a tensor of index's rank + 1
+        shape = [1] * (x.dim() + 1)
+        shape[axis] = -1
+        return values.view(shape)
+
+    match = index.unsqueeze(dim + 1) == along(torch.arange(x.shape[dim], device=x.device), dim + 1)
+    order = along(torch.arange(1, index.shape[dim] + 1, device=x.device), dim)
+    last = torch.where(match, order, 0).amax(dim)
+    if isinstance(src, torch.Tensor):
+        src = src[tuple(slice(0, size) for size in index.shape)].gather(dim, (last - 1).clamp(min=0))
+    return torch.where(last > 0, src, x)
+
+
 # Kept by torch-mlir's own decompositions: decompose-topk lowers top-k (torch-mlir's
 # sort-based form is miscompiled by IREE, see that pass).
 _LEGAL_OPS = ["aten.topk"]
@@ -200,6 +230,7 @@ def import_program(program: torch.export.ExportedProgram, context: ir.Context) -
     for op in _KEPT_OPS:
         table.pop(op, None)
     table[torch.ops.aten.gelu.default] = _tanh_gelu
+    table[torch.ops.aten.scatter.src] = table[torch.ops.aten.scatter.value] = _scatter
     program = program.run_decompositions(table)
 
     arg_names, input_names, weights = [], [], {}

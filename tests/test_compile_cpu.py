@@ -377,6 +377,32 @@ def test_gelu_matches_pytorch(tmp_path, approximate):
     assert rel_err(art.load(str(tmp_path / "g.vmfb"))(x), gelu(x.double())) <= 2e-6
 
 
+class _Scatter(torch.nn.Module):
+    """PhiMoE's router mask (one index a row, a number) and a scatter of two rows' worth of a tensor."""
+
+    def __init__(self, k: int):
+        super().__init__()
+        self.k = k
+
+    def forward(self, x):
+        index = x.topk(self.k, dim=-1).indices
+        if self.k == 1:
+            return torch.scatter(x, -1, index, float("-inf")).softmax(-1)
+        return torch.scatter(x, 1, index, x * 2 + 1)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_scatter_with_a_dynamic_dim(tmp_path, k):
+    """torch-mlir's own lowering of these ran out of memory or crashed the process (a dynamic row
+    count); the frontend's decomposition computes them by comparisons."""
+    seed = torch.seed()
+    print("seed", seed)
+    model = _Scatter(k)
+    art = stageml.compile(model, (torch.randn(3, 8),), dynamic_shapes=({0: Dim("rows", max=64)},))
+    x = torch.randn(37, 8)
+    assert rel_err(art.load(str(tmp_path / "s.vmfb"))(x), model(x)) <= 1e-6
+
+
 def test_int64_zero_buffer_the_residual_reads(tmp_path):
     """A zero int64 buffer the request path slices (BERT's token_type_ids) is stored as a splat
     that IREE can fill (a pattern of 8 bytes made the module fail to load)."""
