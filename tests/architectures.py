@@ -4,7 +4,8 @@ architecture sweep (tests/test_architectures.py).
 Every family in transformers' causal-LM mapping is built from its config class with the sizes
 of SMALL (where the config has the attribute) and its own OVERRIDES; PEFT LoRA (r=4) goes on
 every linear layer (PEFT's "all-linear", which on an MoE layer also takes the fused expert
-stacks, with twice the rank on gate_up_proj). NOT_BUILT names the families that cannot be built that way here, and why.
+stacks, with twice the rank on gate_up_proj; LORA_OVERRIDES leaves out what PEFT cannot wrap).
+NOT_BUILT names the families that cannot be built that way here, and why.
 """
 
 import warnings
@@ -39,7 +40,16 @@ OVERRIDES = {  # family -> config values beside SMALL
     "gemma3n_text": dict(layer_types=["sliding_attention", "full_attention"], intermediate_size=[128, 128],
                          activation_sparsity_pattern=[0.0, 0.0], num_kv_shared_layers=0, vocab_size_per_layer_input=128,
                          hidden_size_per_layer_input=16, laurel_rank=8),
+    "cohere_compass_text": dict(layer_types=["full_attention", "sliding_attention"],
+                                rope_parameters=dict.fromkeys(["full_attention", "sliding_attention"],
+                                                              {"rope_type": "default", "rope_theta": 10000.0})),
+    "dbrx": dict(attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},  # its sub-configs' sizes
+                 ffn_config={"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}),
 }
+
+# PEFT's all-linear wraps these routers, Linears whose forward returns a tuple, and the PEFT model
+# fails in eager: their LoRA leaves the router out
+LORA_OVERRIDES = dict.fromkeys(["phimoe", "llama4_text"], dict(exclude_modules=["router"]))
 
 _TOWER = "a multimodal model: its vision or audio tower keeps its full default size (GBs)"
 _MLA = "its attention's own head dims do not follow SMALL's, nor _MLA_SIZES: eager fails"
@@ -52,7 +62,6 @@ NOT_BUILT = {  # family -> why no tiny model of it is built here
     "axk1": _MLA, "deepseek_v4": _MLA,
     "gemma4_assistant": _LAYERS, "gemma4_unified_assistant": _LAYERS,
     "dots3_note_text": "its heads are per-layer attributes (AmbiguousGlobalPerLayerAttributeError)",
-    "dbrx": "its attention config takes no rope_theta from the top-level config (AttributeError)",
     **dict.fromkeys(["musicgen", "musicgen_melody"], "its causal LM takes its decoder's config class, not the "
                                                       "family's composite one the sweep builds (AttributeError)"),
     **dict.fromkeys(["llama4", "mllama", "qwen3_5", "qwen3_5_moe"], _SUBCONFIGS),
@@ -69,9 +78,6 @@ NOT_BUILT = {  # family -> why no tiny model of it is built here
     "mamba2": "its config needs heads x head_dim = hidden x expand (SMALL's do not), and PEFT refuses LoRA on Mamba's "
               "out_proj / conv1d",
     **dict.fromkeys(["zamba", "zamba2"], _LAYERS),
-    "cohere_compass_text": "its config needs layer types SMALL does not give (KeyError 'full_attention')",
-    **dict.fromkeys(["phimoe", "llama4_text"], "PEFT's all-linear wraps its router, a Linear whose forward returns "
-                                                "a tuple: the PEFT model fails in eager"),
 }
 
 
@@ -115,5 +121,5 @@ def tiny_peft_model(model_type: str, seed: int):
             for weight in base.parameters():
                 if weight.dim() >= 2 and weight.is_floating_point() and bool((weight == weight.flatten()[0]).all()):
                     weight.normal_(0.0, 0.2)
-        return get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
-                                               init_lora_weights=False)).eval()
+        return get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False,
+                                               **LORA_OVERRIDES.get(model_type, {}))).eval()

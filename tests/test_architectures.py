@@ -44,14 +44,22 @@ UNSUPPORTED = {  # family or "family-mode" -> (a regex of the one-line StageMLEr
     "inkling2_text": (r"the residual refused the call: not all strides are default",
                       "torch-mlir lowers a strided view of its attention with a run-time check that the strides are "
                       "the default ones, and they are not"),
-    "deepseek_v2": (r"the model failed to lower to linalg: 'torch.aten._assert_tensor_metadata' op Failed to "
-                    r"canonicalize .* dtype does not match",
-                    "its rotary embedding is complex (torch.polar, view_as_complex): torch-mlir fails the dtype "
-                    "check of the complex tensor's .to()"),
+    **dict.fromkeys(["deepseek_v2", "llama4_text"], (
+        r"the model failed to lower to linalg: 'torch.aten._assert_tensor_metadata' op Failed to canonicalize .* "
+        r"dtype does not match",
+        "its rotary embedding is complex (torch.polar, view_as_complex): torch-mlir fails the dtype check of the "
+        "complex tensor's .to()")),
     "longcat_flash": (r"torch.export failed on the model at .*modeling_longcat_flash.py:\d+ "
                       r"\(GuardOnDataDependentSymNode",
                       "its MoE loops over the experts its tokens hit (nonzero, item), which StageML's expert export "
                       "form does not replace: torch.export cannot trace that loop"),
+    "dbrx": (r"torch.export failed on the model at .*modeling_dbrx.py:\d+ \(GuardOnDataDependentSymNode",
+             "its MoE loops over the experts its tokens hit (nonzero), in its own module rather than transformers' "
+             "experts interface, which StageML's expert export form replaces: torch.export cannot trace that loop"),
+    "cohere_compass_text": (r"IREE failed to compile the residual at <unknown>:0: LLVM Translation failed for "
+                            r"operation: builtin.unrealized_conversion_cast",
+                            "IREE 3.13's CPU codegen fails on its interleaved M-RoPE (the frequencies' strided slice, "
+                            "freq[dim, ..., 1::3], read from a broadcast): on every data-tiling path"),
     "mpt": (r"torch-mlir could not import the model: .*Max\(0, 1 - s\d+\)",
             "torch-mlir's FX importer cannot import the symbolic size Max(0, 1 - seq) of MPT's ALiBi positions"),
     "xmod": (r"torch.export failed on the model at .*modeling_xmod.py:\d+ \(ValueError: Input language unknown",
