@@ -2,9 +2,10 @@
 architecture sweep (tests/test_architectures.py).
 
 Every family in transformers' causal-LM mapping is built from its config class with the sizes
-of SMALL (where the config has the attribute) and its own OVERRIDES; PEFT LoRA (r=4) goes on
-every linear layer (PEFT's "all-linear", which on an MoE layer also takes the fused expert
-stacks, with twice the rank on gate_up_proj; LORA_OVERRIDES leaves out what PEFT cannot wrap).
+of SMALL (where the config has the attribute) and its own OVERRIDES (a multimodal model's from its
+text model's, COMPOSITE); PEFT LoRA (r=4) goes on every linear layer (PEFT's "all-linear", which
+on an MoE layer also takes the fused expert stacks, with twice the rank on gate_up_proj;
+LORA_OVERRIDES leaves out what PEFT cannot wrap).
 NOT_BUILT names the families that cannot be built that way here, and why.
 """
 
@@ -47,6 +48,16 @@ OVERRIDES = {  # family -> config values beside SMALL
                  ffn_config={"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}),
 }
 
+# composite configs (a multimodal model's causal LM): family -> (its text model's type, whose tiny config is its
+# text_config, and the other sub-configs' and top-level values)
+_SIGLIP = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32,
+               patch_size=8)
+COMPOSITE = {
+    "gemma3": ("gemma3_text", dict(vision_config=_SIGLIP, mm_tokens_per_image=16)),
+    **{f: (f"{f}_text", {}) for f in ("gemma4", "gemma4_unified")},
+    "fuyu": ("persimmon", dict(patch_size=4)),
+}
+
 # PEFT's all-linear wraps these routers, Linears whose forward returns a tuple, and the PEFT model
 # fails in eager: their LoRA leaves the router out
 LORA_OVERRIDES = dict.fromkeys(["phimoe", "llama4_text"], dict(exclude_modules=["router"]))
@@ -57,8 +68,7 @@ _LAYERS = "its config lists per-layer values for its default depth: SMALL's 2 la
 _SUBCONFIGS = ("its sub-configs keep their default sizes (SMALL sets the top level only): its test ran out of this "
                "machine's 24 GiB")
 NOT_BUILT = {  # family -> why no tiny model of it is built here
-    "dots3_note": _TOWER, "emu3": _TOWER, "fuyu": _TOWER, "gemma3": _TOWER, "gemma4": _TOWER,
-    "gemma4_unified": _TOWER, "gemma3n": "its vision tower needs timm and PIL, not installed",
+    "dots3_note": _TOWER, "emu3": _TOWER, "gemma3n": "its vision tower needs timm and PIL, not installed",
     "axk1": _MLA, "deepseek_v4": _MLA,
     "gemma4_assistant": _LAYERS, "gemma4_unified_assistant": _LAYERS,
     "dots3_note_text": "its heads are per-layer attributes (AmbiguousGlobalPerLayerAttributeError)",
@@ -103,6 +113,9 @@ def tiny_config(model_type: str):
     from transformers import AutoConfig
 
     cls = type(AutoConfig.for_model(model_type))
+    if model_type in COMPOSITE:
+        text, values = COMPOSITE[model_type]
+        return cls(text_config=tiny_config(text).to_dict(), **values)
     default, names = cls(), getattr(cls, "attribute_map", {})
     values = {**{k: v for k, v in SMALL.items() if _settable(default, k)}, **OVERRIDES.get(model_type, {})}
     return cls(**{names.get(k, k): v for k, v in values.items()})
