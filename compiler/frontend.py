@@ -25,6 +25,7 @@ import os
 
 import torch
 from torch.export.graph_signature import InputKind, OutputKind
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch_mlir import fx, ir
 from torch_mlir.compiler_utils import OutputType
 from torch_mlir.extras.fx_decomp_util import get_decomposition_table
@@ -59,8 +60,6 @@ def _scatter(x, dim, index, src):
         match[.., k, p, ..] = index[.., k, ..] == p          (k along dim, p a position of x's dim)
         last[.., p, ..] = max_k (k + 1 where match, else 0)  (0: no index names p)
         y = where(last > 0, src.gather(dim, last - 1), x)"""
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-
     if x.dim() == 0 or index.dim() != x.dim() or not all(statically_known_true(index.shape[d] == x.shape[d])
                                                          for d in range(x.dim()) if d != dim % x.dim()):
         return NotImplemented
@@ -77,6 +76,21 @@ def _scatter(x, dim, index, src):
     if isinstance(src, torch.Tensor):
         src = src[tuple(slice(0, size) for size in index.shape)].gather(dim, (last - 1).clamp(min=0))
     return torch.where(last > 0, src, x)
+
+
+def _masked_put(x, indices, values, accumulate=False):
+    """x[mask] = v (index_put with one boolean index over x's leading dims, one value) as
+    `where(mask, v, x)`. torch-mlir's own decomposition finds the mask's positions by a compaction
+    whose length is the mask's count, and for an all-false mask the residual wrote v at the first
+    position anyway: a wrong answer without a word (found on Gemma 3's multimodal LM, which zeroes
+    its image token ids so; not reported upstream as far as torch-mlir's issues show). Other
+    index_puts are left to torch-mlir."""
+    if (len(indices) != 1 or indices[0] is None or indices[0].dtype != torch.bool or accumulate
+            or values.numel() != 1 or indices[0].dim() > x.dim()
+            or not all(statically_known_true(a == b) for a, b in zip(indices[0].shape, x.shape))):
+        return NotImplemented
+    mask = indices[0].view(*indices[0].shape, *[1] * (x.dim() - indices[0].dim()))
+    return torch.where(mask, values.reshape(()).to(x.dtype), x)
 
 
 # Kept by torch-mlir's own decompositions: decompose-topk lowers top-k (torch-mlir's
@@ -231,6 +245,7 @@ def import_program(program: torch.export.ExportedProgram, context: ir.Context) -
         table.pop(op, None)
     table[torch.ops.aten.gelu.default] = _tanh_gelu
     table[torch.ops.aten.scatter.src] = table[torch.ops.aten.scatter.value] = _scatter
+    table[torch.ops.aten.index_put.default] = _masked_put
     program = program.run_decompositions(table)
 
     arg_names, input_names, weights = [], [], {}

@@ -403,6 +403,35 @@ def test_scatter_with_a_dynamic_dim(tmp_path, k):
     assert rel_err(art.load(str(tmp_path / "s.vmfb"))(x), model(x)) <= 1e-6
 
 
+class _MaskedIds(torch.nn.Module):
+    """Gemma 3's multimodal LM: token ids its vocabulary lacks (the image token) become 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(128, 16)
+
+    def forward(self, ids):
+        ids = ids.clone()
+        ids[ids == 5] = 0
+        return self.embed(ids)
+
+
+@pytest.mark.parametrize("hits", [False, True], ids=["no-position", "some-positions"])
+def test_assignment_through_a_boolean_mask(tmp_path, hits):
+    """x[mask] = v; through torch-mlir's decomposition an all-false mask still wrote v at the first
+    position."""
+    seed = torch.seed()
+    print("seed", seed)
+    model = _MaskedIds().eval()
+    art = stageml.compile(model, (torch.randint(0, 128, (2, 5)),),
+                          dynamic_shapes=({0: Dim("rows", max=16), 1: Dim("seq", max=32)},))
+    ids = torch.randint(6, 128, (3, 7))
+    if hits:
+        ids[1, 2] = ids[2, 0] = 5
+    with torch.no_grad():
+        assert rel_err(art.load(str(tmp_path / "m.vmfb"))(ids), model(ids)) <= 1e-6
+
+
 def test_int64_zero_buffer_the_residual_reads(tmp_path):
     """A zero int64 buffer the request path slices (BERT's token_type_ids) is stored as a splat
     that IREE can fill (a pattern of 8 bytes made the module fail to load)."""
