@@ -1,7 +1,9 @@
 """Frontend: PyTorch model → torch backend IR with named arguments.
 
     nn.Module / ExportedProgram / .pt2 path
-      → torch.export (non-strict), ATen decompositions (linear/matmul kept)
+      → torch.export (non-strict), ATen decompositions (linear/matmul kept; the tanh
+        GELU, scatter and boolean-mask assignment by StageML's own, where torch-mlir's
+        lowering of them is wrong or crashes)
       → torch-mlir stateless FX import: every parameter, buffer and input is a
         function argument, tagged `bt.name` with its fully qualified name;
         `@main` is the program "main" (`bt.program`), its results are named
@@ -38,13 +40,19 @@ from stageml.errors import CompileError, ModelLoadError
 # Ops kept whole so that bt-improve sees matrix products (`x @ W^T`), not
 # the reshapes and mm's torch's decompositions would turn them into.
 _KEPT_OPS = (torch.ops.aten.linear.default, torch.ops.aten.matmul.default)
-# torch-mlir's TorchToLinalg lowering of gelu(approximate='tanh') (added in llvm/torch-mlir#2941) writes
-# sqrt(2/pi) as 0.797724 (0.7978846; not reported upstream as far as torch-mlir's issues show): 1.3e-5
-# off per element, 1e-4 to 3.5e-4 on a tiny Gemma 2 or GPT-BigCode. PyTorch's own decomposition, exact
-# constants and math.tanh, matches to 1e-6.
+# Kept by torch-mlir's own decompositions: decompose-topk lowers top-k (torch-mlir's
+# sort-based form is miscompiled by IREE, see that pass).
+_LEGAL_OPS = ["aten.topk"]
 
+
+# Decompositions of ops whose torch-mlir lowering is wrong or crashes; each returns NotImplemented
+# (torch-mlir's own) for the forms it does not take.
 
 def _tanh_gelu(x, approximate="none"):
+    """gelu(approximate='tanh') by PyTorch's decomposition (exact constants, math.tanh: 1e-6).
+    torch-mlir's TorchToLinalg lowering (added in llvm/torch-mlir#2941) writes sqrt(2/pi) as
+    0.797724, not 0.7978846 (not reported upstream as far as torch-mlir's issues show): 1.3e-5 off
+    per element, 1e-4 to 3.5e-4 on a tiny Gemma 2 or GPT-BigCode."""
     if approximate != "tanh":
         return NotImplemented  # the exact GELU: torch-mlir's erf lowering is exact
     return torch._decomp.decomposition_table[torch.ops.aten.gelu.default](x, approximate=approximate)
@@ -64,6 +72,8 @@ def _scatter(x, dim, index, src):
                                                          for d in range(x.dim()) if d != dim % x.dim()):
         return NotImplemented
     dim %= x.dim()
+    if statically_known_true(index.shape[dim] == 0):
+        return x.clone()
 
     def along(values, axis):  # `values` as a vector along `axis` of a tensor of index's rank + 1
         shape = [1] * (x.dim() + 1)
@@ -91,11 +101,6 @@ def _masked_put(x, indices, values, accumulate=False):
         return NotImplemented
     mask = indices[0].view(*indices[0].shape, *[1] * (x.dim() - indices[0].dim()))
     return torch.where(mask, values.reshape(()).to(x.dtype), x)
-
-
-# Kept by torch-mlir's own decompositions: decompose-topk lowers top-k (torch-mlir's
-# sort-based form is miscompiled by IREE, see that pass).
-_LEGAL_OPS = ["aten.topk"]
 
 
 @dataclasses.dataclass

@@ -378,7 +378,8 @@ def test_gelu_matches_pytorch(tmp_path, approximate):
 
 
 class _Scatter(torch.nn.Module):
-    """PhiMoE's router mask (one index a row, a number) and a scatter of two rows' worth of a tensor."""
+    """PhiMoE's router mask (one index a row, a number), and a scatter of k values a row from a
+    tensor (k = 2, or none)."""
 
     def __init__(self, k: int):
         super().__init__()
@@ -391,7 +392,7 @@ class _Scatter(torch.nn.Module):
         return torch.scatter(x, 1, index, x * 2 + 1)
 
 
-@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("k", [1, 2, 0])
 def test_scatter_with_a_dynamic_dim(tmp_path, k):
     """torch-mlir's own lowering of these ran out of memory or crashed the process (a dynamic row
     count); the frontend's decomposition computes them by comparisons."""
