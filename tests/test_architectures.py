@@ -44,7 +44,7 @@ UNSUPPORTED = {  # family or "family-mode" -> (a regex of the one-line StageMLEr
     "inkling2_text": (r"the residual refused the call: not all strides are default",
                       "torch-mlir lowers a strided view of its attention with a run-time check that the strides are "
                       "the default ones, and they are not"),
-    **dict.fromkeys(["deepseek_v2", "llama4_text"], (
+    **dict.fromkeys(["deepseek_v2", "llama4", "llama4_text"], (
         r"the model failed to lower to linalg: 'torch.aten._assert_tensor_metadata' op Failed to canonicalize .* "
         r"dtype does not match",
         "its rotary embedding is complex (torch.polar, view_as_complex): torch-mlir fails the dtype check of the "
