@@ -35,6 +35,7 @@ OVERRIDES = {  # family -> config values beside SMALL
     # configs that list per-layer values for their default depth: SMALL's 2 layers
     "gpt_neo": dict(attention_types=[[["global", "local"], 1]]),
     "lfm2_moe": dict(layer_types=["full_attention", "conv"]),
+    "mllama_text_model": dict(cross_attention_layers=[1]),  # one of its cross-attention layers (text alone skips it)
     **dict.fromkeys(["gemma4_text", "gemma4_unified_text"],
                     dict(layer_types=["sliding_attention", "full_attention"], vocab_size_per_layer_input=128,
                          hidden_size_per_layer_input=16)),
@@ -56,6 +57,7 @@ COMPOSITE = {
     "gemma3": ("gemma3_text", dict(vision_config=_SIGLIP, mm_tokens_per_image=16)),
     **{f: (f"{f}_text", {}) for f in ("gemma4", "gemma4_unified")},
     "fuyu": ("persimmon", dict(patch_size=4)),
+    "mllama": ("mllama_text_model", {}),
     "llama4": ("llama4_text", {}),  # its causal LM is the text model alone: no vision tower to size
 }
 
@@ -76,7 +78,7 @@ NOT_BUILT = {  # family -> why no tiny model of it is built here
     "dots3_note_text": "its heads are per-layer attributes (AmbiguousGlobalPerLayerAttributeError)",
     **dict.fromkeys(["musicgen", "musicgen_melody"], "its causal LM takes its decoder's config class, not the "
                                                       "family's composite one the sweep builds (AttributeError)"),
-    **dict.fromkeys(["mllama", "qwen3_5", "qwen3_5_moe"], _SUBCONFIGS),
+    **dict.fromkeys(["qwen3_5", "qwen3_5_moe"], _SUBCONFIGS),
     "blt": _SUBCONFIGS + " (with 500002-row hash embeddings)",
     "prophetnet": "its config refuses a num_hidden_layers (NotImplementedError: it takes encoder and decoder depths)",
     "xlnet": "its config refuses a max_position_embeddings (NotImplementedError: no sequence length limit)",
