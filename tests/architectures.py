@@ -57,8 +57,8 @@ COMPOSITE = {
     "gemma3": ("gemma3_text", dict(vision_config=_SIGLIP, mm_tokens_per_image=16)),
     **{f: (f"{f}_text", {}) for f in ("gemma4", "gemma4_unified")},
     "fuyu": ("persimmon", dict(patch_size=4)),
-    "mllama": ("mllama_text_model", {}),
-    "llama4": ("llama4_text", {}),  # its causal LM is the text model alone: no vision tower to size
+    # causal LMs of the text model alone: no vision tower to size
+    **{f: (f"{f}_text", {}) for f in ("llama4", "qwen3_5", "qwen3_5_moe")}, "mllama": ("mllama_text_model", {}),
 }
 
 # PEFT's all-linear wraps these routers, Linears whose forward returns a tuple, and the PEFT model
@@ -78,7 +78,6 @@ NOT_BUILT = {  # family -> why no tiny model of it is built here
     "dots3_note_text": "its heads are per-layer attributes (AmbiguousGlobalPerLayerAttributeError)",
     **dict.fromkeys(["musicgen", "musicgen_melody"], "its causal LM takes its decoder's config class, not the "
                                                       "family's composite one the sweep builds (AttributeError)"),
-    **dict.fromkeys(["qwen3_5", "qwen3_5_moe"], _SUBCONFIGS),
     "blt": _SUBCONFIGS + " (with 500002-row hash embeddings)",
     "prophetnet": "its config refuses a num_hidden_layers (NotImplementedError: it takes encoder and decoder depths)",
     "xlnet": "its config refuses a max_position_embeddings (NotImplementedError: no sequence length limit)",
