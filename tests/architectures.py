@@ -35,6 +35,8 @@ OVERRIDES = {  # family -> config values beside SMALL
     # configs that list per-layer values for their default depth: SMALL's 2 layers
     "gpt_neo": dict(attention_types=[[["global", "local"], 1]]),
     "lfm2_moe": dict(layer_types=["full_attention", "conv"]),
+    "zamba": dict(layer_types=["hybrid", "hybrid"]),  # its one shared attention block is tied across two of them
+    "zamba2": dict(layer_types=["linear_attention", "hybrid"]),
     "mllama_text_model": dict(cross_attention_layers=[1]),  # one of its cross-attention layers (text alone skips it)
     **dict.fromkeys(["gemma4_text", "gemma4_unified_text"],
                     dict(layer_types=["sliding_attention", "full_attention"], vocab_size_per_layer_input=128,
@@ -90,7 +92,6 @@ NOT_BUILT = {  # family -> why no tiny model of it is built here
                                                          "(all-linear)"),
     "mamba2": "its config needs heads x head_dim = hidden x expand (SMALL's do not), and PEFT refuses LoRA on Mamba's "
               "out_proj / conv1d",
-    **dict.fromkeys(["zamba", "zamba2"], _LAYERS),
 }
 
 

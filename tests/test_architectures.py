@@ -34,7 +34,8 @@ _TOP_KEYS = (r"torch.export failed on the model .*satisfy the generated guard mi
 UNSUPPORTED = {  # family or "family-mode" -> (a regex of the one-line StageMLError it raises, why)
     **dict.fromkeys(["aria_text", "bailing_hybrid", "bamba", "cpmant", "granitemoehybrid", "jamba", "kimi_linear",
                      "minimax", "olmo_hybrid", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe",
-                     "qwen3_5_moe_text", "qwen4_exp_text", "recurrent_gemma", "rwkv", "xlstm"], _FIXED_SEQ),
+                     "qwen3_5_moe_text", "qwen4_exp_text", "recurrent_gemma", "rwkv", "xlstm", "zamba",
+                     "zamba2"], _FIXED_SEQ),
     "zaya": (_FIXED_SEQ[0], "its queries' and keys' convolution over the sequence branches on seq == 2: "
                             "torch.export refuses a dynamic sequence dim"),
     "inkling_text": _ONE_ROW,
