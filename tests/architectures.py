@@ -47,6 +47,10 @@ OVERRIDES = {  # family -> config values beside SMALL
     "cohere_compass_text": dict(layer_types=["full_attention", "sliding_attention"],
                                 rope_parameters=dict.fromkeys(["full_attention", "sliding_attention"],
                                                               {"rope_type": "default", "rope_theta": 10000.0})),
+    # its depth is its attn_layers' length; its axial position embeddings take dims summing to hidden_size and a
+    # shape multiplying to max_position_embeddings
+    "reformer": dict(attn_layers=["local", "lsh"], axial_pos_embds_dim=[32, 32], axial_pos_shape=[8, 16],
+                     attention_head_size=16, feed_forward_size=128),
     "dbrx": dict(attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},  # its sub-configs' sizes
                  ffn_config={"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}),
 }
@@ -86,8 +90,6 @@ NOT_BUILT = {  # family -> why no tiny model of it is built here
     "xlnet": "its config refuses a max_position_embeddings (NotImplementedError: no sequence length limit)",
     "qwen4_exp": "its sparse attention's indexer sizes are unset in the family's composite config (TypeError in the "
                  "model's init)",
-    "reformer": "its axial position embeddings must sum to hidden_size, and their defaults do not sum to SMALL's "
-                "(ValueError)",
     "falcon_mamba": "PEFT refuses LoRA on its out_proj / conv1d (all-linear)",
     **dict.fromkeys(["falcon_h1", "mamba", "nemotron_h"], "PEFT refuses LoRA on its Mamba layers' out_proj / conv1d "
                                                          "(all-linear)"),

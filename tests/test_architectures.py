@@ -63,6 +63,9 @@ UNSUPPORTED = {  # family or "family-mode" -> (a regex of the one-line StageMLEr
                             "freq[dim, ..., 1::3], read from a broadcast): on every data-tiling path"),
     "mpt": (r"torch-mlir could not import the model: .*Max\(0, 1 - s\d+\)",
             "torch-mlir's FX importer cannot import the symbolic size Max(0, 1 - seq) of MPT's ALiBi positions"),
+    "reformer": (r"torch.export failed on the model.*Constraints violated \(batch\)",
+                 "its axial position embeddings select each row's positions in a loop over the batch "
+                 "(for i in range(batch_size)): torch.export refuses a dynamic batch dim"),
     "xmod": (r"torch.export failed on the model at .*modeling_xmod.py:\d+ \(ValueError: Input language unknown",
              "X-MOD routes each input through a language's adapter modules: export it after "
              "set_default_language(...)"),
