@@ -2,10 +2,10 @@
 architecture sweep (tests/test_architectures.py).
 
 Every family in transformers' causal-LM mapping is built from its config class with the sizes
-of SMALL (where the config has the attribute) and its own OVERRIDES (a multimodal model's from its
-text model's, COMPOSITE); PEFT LoRA (r=4) goes on every linear layer (PEFT's "all-linear", which
-on an MoE layer also takes the fused expert stacks, with twice the rank on gate_up_proj;
-LORA_OVERRIDES leaves out what PEFT cannot wrap).
+of SMALL (where the config has the attribute and lets it be set) and its own OVERRIDES (a
+multimodal model's from its text model's, COMPOSITE); PEFT LoRA (r=4) goes on every linear
+layer (PEFT's "all-linear", which on an MoE layer also takes the fused expert stacks, with
+twice the rank on gate_up_proj; LORA_OVERRIDES leaves out what PEFT cannot wrap).
 NOT_BUILT names the families that cannot be built that way here, and why.
 """
 
@@ -51,6 +51,9 @@ OVERRIDES = {  # family -> config values beside SMALL
     # shape multiplying to max_position_embeddings
     "reformer": dict(attn_layers=["local", "lsh"], axial_pos_embds_dim=[32, 32], axial_pos_shape=[8, 16],
                      attention_head_size=16, feed_forward_size=128),
+    "xlnet": dict(d_inner=128),  # its feed-forward size
+    # its depths and decoder heads: its num_hidden_layers is derived, and refuses to be set
+    "prophetnet": dict(num_encoder_layers=2, num_decoder_layers=2, num_decoder_attention_heads=4),
     "dbrx": dict(attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},  # its sub-configs' sizes
                  ffn_config={"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}),
 }
@@ -86,8 +89,6 @@ NOT_BUILT = {  # family -> why no tiny model of it is built here
     **dict.fromkeys(["musicgen", "musicgen_melody"], "its causal LM takes its decoder's config class, not the "
                                                       "family's composite one the sweep builds (AttributeError)"),
     "blt": _SUBCONFIGS + " (with 500002-row hash embeddings)",
-    "prophetnet": "its config refuses a num_hidden_layers (NotImplementedError: it takes encoder and decoder depths)",
-    "xlnet": "its config refuses a max_position_embeddings (NotImplementedError: no sequence length limit)",
     "qwen4_exp": "its sparse attention's indexer sizes are unset in the family's composite config (TypeError in the "
                  "model's init)",
     "falcon_mamba": "PEFT refuses LoRA on its out_proj / conv1d (all-linear)",
@@ -112,7 +113,13 @@ def _settable(config, name: str) -> bool:
         present = hasattr(config, name)
     except AmbiguousGlobalPerLayerAttributeError:  # a per-layer value (Gemma 4's head_dim): the config's own
         return False
-    return present and not (isinstance(prop, property) and prop.fset is None)
+    if not present or not isinstance(prop, property):
+        return present
+    try:  # a derived value: settable unless read-only or its setter refuses (XLNet's max_position_embeddings)
+        prop.__set__(config, getattr(config, name))
+    except (AttributeError, NotImplementedError):
+        return False
+    return True
 
 
 def tiny_config(model_type: str):

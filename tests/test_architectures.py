@@ -63,6 +63,15 @@ UNSUPPORTED = {  # family or "family-mode" -> (a regex of the one-line StageMLEr
                             "freq[dim, ..., 1::3], read from a broadcast): on every data-tiling path"),
     "mpt": (r"torch-mlir could not import the model: .*Max\(0, 1 - s\d+\)",
             "torch-mlir's FX importer cannot import the symbolic size Max(0, 1 - seq) of MPT's ALiBi positions"),
+    "xlnet": (r"torch.export failed on the model .*satisfy the generated guard .*2\*L\['ids'\]\.size\(\)\[1\]\) % "
+              r"L\['ids'\]\.size\(\)\[1\]\) != 0",
+              "its relative attention's shift (rel_shift_bnij) reshapes the seq x 2 seq position scores: torch.export "
+              "cannot prove (2 seq - 1) % seq != 0 over a dynamic sequence, though it holds for every seq >= 2"),
+    "prophetnet": (r"torch.export failed on the model .*satisfy the generated guard .*4\*L\['ids'\]\.size\(\)\[1\]\) "
+                   r"// L\['ids'\]\.size\(\)\[1\]\) == 3",
+                   "its n-gram attention chunks its main and 2 predict streams (3 seq rows) in 3: torch.export cannot "
+                   "prove the chunk count (4 seq - 1) // seq == 3 over a dynamic sequence, though it holds for every "
+                   "seq >= 1"),
     "reformer": (r"torch.export failed on the model.*Constraints violated \(batch\)",
                  "its axial position embeddings select each row's positions in a loop over the batch "
                  "(for i in range(batch_size)): torch.export refuses a dynamic batch dim"),
