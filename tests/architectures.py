@@ -86,8 +86,10 @@ NOT_BUILT = {  # family -> why no tiny model of it is built here
     "axk1": _MLA, "deepseek_v4": _MLA,
     **dict.fromkeys(["gemma4_assistant", "gemma4_unified_assistant"], _DRAFTER),
     "dots3_note_text": "its heads are per-layer attributes (AmbiguousGlobalPerLayerAttributeError)",
-    **dict.fromkeys(["musicgen", "musicgen_melody"], "its causal LM takes its decoder's config class, not the "
-                                                      "family's composite one the sweep builds (AttributeError)"),
+    **dict.fromkeys(["musicgen", "musicgen_melody"], (
+        "its causal LM takes its decoder's config class, not the family's composite one the sweep builds "
+        "(AttributeError: no dropout), and AutoModelForCausalLM refuses the decoder's (ValueError: unrecognized "
+        "configuration class): no OVERRIDES or COMPOSITE entry builds it")),
     "blt": _SUBCONFIGS + " (with 500002-row hash embeddings)",
     "qwen4_exp": "its sparse attention's indexer sizes are unset in the family's composite config (TypeError in the "
                  "model's init)",
