@@ -54,6 +54,8 @@ OVERRIDES = {  # family -> config values beside SMALL
     "xlnet": dict(d_inner=128),  # its feed-forward size
     # its depths and decoder heads: its num_hidden_layers is derived, and refuses to be set
     "prophetnet": dict(num_encoder_layers=2, num_decoder_layers=2, num_decoder_attention_heads=4),
+    # MusicGen's decoders (DECODER): one codebook, so that a row of ids is one sequence
+    **dict.fromkeys(["musicgen_decoder", "musicgen_melody_decoder"], dict(num_codebooks=1, ffn_dim=128)),
     "dbrx": dict(attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},  # its sub-configs' sizes
                  ffn_config={"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}),
 }
@@ -69,6 +71,10 @@ COMPOSITE = {
     # causal LMs of the text model alone: no vision tower to size
     **{f: (f"{f}_text", {}) for f in ("llama4", "qwen3_5", "qwen3_5_moe")}, "mllama": ("mllama_text_model", {}),
 }
+
+# causal LMs that take their decoder's config, not the family's composite one (MusicGen's): family -> the
+# decoder's model type
+DECODER = {"musicgen": "musicgen_decoder", "musicgen_melody": "musicgen_melody_decoder"}
 
 # PEFT's all-linear wraps these routers, Linears whose forward returns a tuple, and the PEFT model
 # fails in eager: their LoRA leaves the router out
@@ -86,10 +92,6 @@ NOT_BUILT = {  # family -> why no tiny model of it is built here
     "axk1": _MLA, "deepseek_v4": _MLA,
     **dict.fromkeys(["gemma4_assistant", "gemma4_unified_assistant"], _DRAFTER),
     "dots3_note_text": "its heads are per-layer attributes (AmbiguousGlobalPerLayerAttributeError)",
-    **dict.fromkeys(["musicgen", "musicgen_melody"], (
-        "its causal LM takes its decoder's config class, not the family's composite one the sweep builds "
-        "(AttributeError: no dropout), and AutoModelForCausalLM refuses the decoder's (ValueError: unrecognized "
-        "configuration class): no OVERRIDES or COMPOSITE entry builds it")),
     "blt": _SUBCONFIGS + " (with 500002-row hash embeddings)",
     "qwen4_exp": "its sparse attention's indexer sizes are unset in the family's composite config (TypeError in the "
                  "model's init)",
@@ -128,6 +130,8 @@ def tiny_config(model_type: str):
     """`model_type`'s config with SMALL's sizes and its OVERRIDES."""
     from transformers import AutoConfig
 
+    if model_type in DECODER:
+        return tiny_config(DECODER[model_type])
     cls = type(AutoConfig.for_model(model_type))
     if model_type in COMPOSITE:
         text, values = COMPOSITE[model_type]
@@ -140,12 +144,17 @@ def tiny_config(model_type: str):
 def tiny_peft_model(model_type: str, seed: int):
     """A tiny `model_type` causal LM with a random PEFT LoRA (r=4) on every linear layer."""
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     torch.manual_seed(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        base = AutoModelForCausalLM.from_config(tiny_config(model_type)).eval()
+        config = tiny_config(model_type)
+        if model_type in DECODER:  # AutoModelForCausalLM refuses the decoder's config class
+            base = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])._from_config(config).eval()
+        else:
+            base = transformers.AutoModelForCausalLM.from_config(config).eval()
         with torch.no_grad():  # matrices a family initializes constant (AFMoE's router: zeros, every score a tie)
             for weight in base.parameters():
                 if weight.dim() >= 2 and weight.is_floating_point() and bool((weight == weight.flatten()[0]).all()):
