@@ -24,9 +24,22 @@ SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_l
 _MLA_SIZES = dict(kv_lora_rank=32, q_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
                   head_dim=8, num_key_value_heads=4)
 _MOE_GROUPS = dict(first_k_dense_replace=1, n_group=1, topk_group=1)
+_BLT_LOCAL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
 OVERRIDES = {  # family -> config values beside SMALL
     "deepseek_v2": dict(_MLA_SIZES, first_k_dense_replace=1),
     "deepseek_v3": dict(_MLA_SIZES, **_MOE_GROUPS), "deepseek_v32": dict(_MLA_SIZES, **_MOE_GROUPS),
+    "axk1": dict(_MLA_SIZES, **_MOE_GROUPS),
+    # its heads are per-layer attributes (SMALL's are not settable): its DSA (indexed) layer's set here, its sliding
+    # layer's by its swa_ values (head_dim = nope + rope), and its indexer's heads
+    "dots3_note_text": dict(_MLA_SIZES, num_attention_heads=4, index_n_heads=2, index_head_dim=16,
+                            shared_experts_intermediate_size=32, layer_types=["indexed_attention", "sliding_attention"],
+                            sliding_window=4, swa_num_attention_heads=4, swa_num_key_value_heads=4, swa_q_lora_rank=32,
+                            swa_kv_lora_rank=32, swa_head_dim=24, swa_qk_nope_head_dim=16, swa_v_head_dim=16),
+    # its query and grouped output projections' ranks, its indexer's heads, and one layer of each attention and MoE
+    # kind (its default depth's first two are both heavily compressed and hash-routed)
+    "deepseek_v4": dict(q_lora_rank=32, o_groups=2, o_lora_rank=16, index_n_heads=2, index_head_dim=16,
+                        layer_types=["heavily_compressed_attention", "compressed_sparse_attention"],
+                        mlp_layer_types=["hash_moe", "moe"]),
     "glm4_moe_lite": dict(_MLA_SIZES, **_MOE_GROUPS),
     "glm_moe_dsa": dict(_MLA_SIZES, **_MOE_GROUPS),
     "minicpm3": _MLA_SIZES, "longcat_flash": _MLA_SIZES, "axk2": _MLA_SIZES, "youtu": _MLA_SIZES,
@@ -51,6 +64,7 @@ OVERRIDES = {  # family -> config values beside SMALL
     # shape multiplying to max_position_embeddings
     "reformer": dict(attn_layers=["local", "lsh"], axial_pos_embds_dim=[32, 32], axial_pos_shape=[8, 16],
                      attention_head_size=16, feed_forward_size=128),
+    "mamba2": dict(num_heads=8),  # its heads x head_dim must be hidden_size x expand (64 x 2)
     "xlnet": dict(d_inner=128),  # its feed-forward size
     # its depths and decoder heads: its num_hidden_layers is derived, and refuses to be set
     "prophetnet": dict(num_encoder_layers=2, num_decoder_layers=2, num_decoder_attention_heads=4),
@@ -58,6 +72,12 @@ OVERRIDES = {  # family -> config values beside SMALL
     **dict.fromkeys(["musicgen_decoder", "musicgen_melody_decoder"], dict(num_codebooks=1, ffn_dim=128)),
     "dbrx": dict(attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},  # its sub-configs' sizes
                  ffn_config={"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}),
+    # its sub-configs' sizes (SMALL sets the top level only), its local encoder's and decoder's width of the global
+    # transformer (hidden_size_global, 2048 by default), and its hash embeddings' rows (500002 by default)
+    "blt": dict(encoder_hash_byte_group_vocab=64, patcher_config=_BLT_LOCAL,
+                encoder_config=dict(_BLT_LOCAL, hidden_size_global=64),
+                decoder_config=dict(_BLT_LOCAL, hidden_size_global=64),
+                global_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)),
 }
 
 # composite configs (a multimodal model's causal LM): family -> (its text model's type, whose tiny config is its
@@ -68,8 +88,15 @@ COMPOSITE = {
     "gemma3": ("gemma3_text", dict(vision_config=_SIGLIP, mm_tokens_per_image=16)),
     **{f: (f"{f}_text", {}) for f in ("gemma4", "gemma4_unified")},
     "fuyu": ("persimmon", dict(patch_size=4)),
+    # its causal LM is the text model's alone, but its config requires the towers' adapters to output the text width
+    "dots3_note": ("dots3_note_text", dict(
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           patch_size=8, mlp_layer_types=["dense"], adapter_in_dim=32, adapter_out_dim=64),
+        audio_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                          downsample_hidden_size=16, adapter_input_size=32, adapter_out_dim=64))),
     # causal LMs of the text model alone: no vision tower to size
-    **{f: (f"{f}_text", {}) for f in ("llama4", "qwen3_5", "qwen3_5_moe")}, "mllama": ("mllama_text_model", {}),
+    **{f: (f"{f}_text", {}) for f in ("llama4", "qwen3_5", "qwen3_5_moe", "qwen4_exp")},
+    "mllama": ("mllama_text_model", {}), "emu3": ("emu3_text_model", {}),
 }
 
 # causal LMs that take their decoder's config, not the family's composite one (MusicGen's): family -> the
@@ -78,28 +105,20 @@ DECODER = {"musicgen": "musicgen_decoder", "musicgen_melody": "musicgen_melody_d
 
 # PEFT's all-linear wraps these routers, Linears whose forward returns a tuple, and the PEFT model
 # fails in eager: their LoRA leaves the router out
-LORA_OVERRIDES = dict.fromkeys(["phimoe", "llama4", "llama4_text"], dict(exclude_modules=["router"]))
+LORA_OVERRIDES = {
+    **dict.fromkeys(["phimoe", "llama4", "llama4_text"], dict(exclude_modules=["router"])),
+    # PEFT refuses LoRA on a Mamba layer's out_proj (and conv1d, not a Linear): their LoRA leaves it out
+    **dict.fromkeys(["mamba", "mamba2", "falcon_mamba", "falcon_h1", "nemotron_h"], dict(exclude_modules=["out_proj"])),
+    # its grouped output projection (o_a_proj) is a Linear applied per group, whose LoRA PEFT sizes as one Linear's
+    "deepseek_v4": dict(exclude_modules=["o_a_proj"]),
+}
 
-_TOWER = "a multimodal model: its vision or audio tower keeps its full default size (GBs)"
-_MLA = "its attention's own head dims do not follow SMALL's, nor _MLA_SIZES: eager fails"
 _DRAFTER = ("a Gemma 4 drafter: its config requires every layer to reuse the target model's KV states, and with that "
             "its text model's init fails (ValueError: the set of layer types producing a cache is different than the "
             "set using them); its forward takes the target's inputs_embeds and shared_kv_states, not token ids")
-_SUBCONFIGS = ("its sub-configs keep their default sizes (SMALL sets the top level only): its test ran out of this "
-               "machine's 24 GiB")
 NOT_BUILT = {  # family -> why no tiny model of it is built here
-    "dots3_note": _TOWER, "emu3": _TOWER, "gemma3n": "its vision tower needs timm and PIL, not installed",
-    "axk1": _MLA, "deepseek_v4": _MLA,
+    "gemma3n": "its vision tower needs timm and PIL, not installed",
     **dict.fromkeys(["gemma4_assistant", "gemma4_unified_assistant"], _DRAFTER),
-    "dots3_note_text": "its heads are per-layer attributes (AmbiguousGlobalPerLayerAttributeError)",
-    "blt": _SUBCONFIGS + " (with 500002-row hash embeddings)",
-    "qwen4_exp": "its sparse attention's indexer sizes are unset in the family's composite config (TypeError in the "
-                 "model's init)",
-    "falcon_mamba": "PEFT refuses LoRA on its out_proj / conv1d (all-linear)",
-    **dict.fromkeys(["falcon_h1", "mamba", "nemotron_h"], "PEFT refuses LoRA on its Mamba layers' out_proj / conv1d "
-                                                         "(all-linear)"),
-    "mamba2": "its config needs heads x head_dim = hidden x expand (SMALL's do not), and PEFT refuses LoRA on Mamba's "
-              "out_proj / conv1d",
 }
 
 

@@ -32,16 +32,18 @@ _TOP_KEYS = (r"torch.export failed on the model .*satisfy the generated guard mi
              "its sparse attention's indexer keeps min(2048, seq) keys: torch.export cannot prove "
              "min(2048, seq) <= seq over a dynamic sequence")
 UNSUPPORTED = {  # family or "family-mode" -> (a regex of the one-line StageMLError it raises, why)
-    **dict.fromkeys(["aria_text", "bailing_hybrid", "bamba", "cpmant", "granitemoehybrid", "jamba", "kimi_linear",
-                     "minimax", "olmo_hybrid", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe",
-                     "qwen3_5_moe_text", "qwen4_exp_text", "recurrent_gemma", "rwkv", "xlstm", "zamba",
-                     "zamba2"], _FIXED_SEQ),
+    **dict.fromkeys(["aria_text", "bailing_hybrid", "bamba", "cpmant", "falcon_h1", "falcon_mamba",
+                     "granitemoehybrid", "jamba", "kimi_linear", "mamba", "mamba2", "minimax", "nemotron_h",
+                     "olmo_hybrid", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
+                     "qwen4_exp", "qwen4_exp_text", "recurrent_gemma", "rwkv", "xlstm", "zamba", "zamba2"], _FIXED_SEQ),
     "zaya": (_FIXED_SEQ[0], "its queries' and keys' convolution over the sequence branches on seq == 2: "
                             "torch.export refuses a dynamic sequence dim"),
+    "deepseek_v4": (_FIXED_SEQ[0], "its compressed sparse attention pools its keys in windows of 4 tokens and branches "
+                                   "on their count (seq // 4): torch.export refuses a dynamic sequence dim"),
     "inkling_text": _ONE_ROW,
     "jetmoe": (r"failed to legalize operation 'torch.constant.int'",
                "torch-mlir's backend lowering leaves a torch.constant.int of its MoE attention unconverted"),
-    **dict.fromkeys(["axk2", "deepseek_v32", "glm_moe_dsa", "hy_v4"], _TOP_KEYS),
+    **dict.fromkeys(["axk2", "deepseek_v32", "dots3_note", "dots3_note_text", "glm_moe_dsa", "hy_v4"], _TOP_KEYS),
     "inkling2_text": (r"the residual refused the call: not all strides are default",
                       "torch-mlir lowers a strided view of its attention with a run-time check that the strides are "
                       "the default ones, and they are not"),
@@ -54,6 +56,9 @@ UNSUPPORTED = {  # family or "family-mode" -> (a regex of the one-line StageMLEr
                       r"\(GuardOnDataDependentSymNode",
                       "its MoE loops over the experts its tokens hit (nonzero, item), which StageML's expert export "
                       "form does not replace: torch.export cannot trace that loop"),
+    "blt": (r"torch.export failed on the model at .*modeling_blt.py:\d+ \(GuardOnDataDependentSymNode",
+            "its entropy patcher checks a Categorical over its own logits (a data-dependent .all()) and sizes its "
+            "patches from their entropies (.item()): torch.export cannot trace that data-dependent patching"),
     "dbrx": (r"torch.export failed on the model at .*modeling_dbrx.py:\d+ \(GuardOnDataDependentSymNode",
              "its MoE loops over the experts its tokens hit (nonzero), in its own module rather than transformers' "
              "experts interface, which StageML's expert export form replaces: torch.export cannot trace that loop"),
