@@ -618,6 +618,8 @@ template <typename T> struct Expand {
   int R = 0, rows = 0;
   int first = 0, chunks = 0, M = 0;
   float scale = 1.f;
+  const int* slots = nullptr;  // or each row's slot from row slot0 on (shared memory)
+  int slot0 = 0;
   __device__ __forceinline__ float partial_sum(int m, int r) const {
     float s = 0.f;
     for (int c = 0; c < chunks; ++c) s += __ldcg(t + (static_cast<size_t>(c) * M + m) * R + r);
@@ -625,7 +627,7 @@ template <typename T> struct Expand {
   }
   // v[i] += (t[m] @ table[slot of m])[n + i], i < W.
   template <int W> __device__ __forceinline__ void add(int m, int n, int N, float (&v)[W]) const {
-    const T* b = table + static_cast<size_t>(m < rows ? ids[m] : 0) * R * N + n;
+    const T* b = table + static_cast<size_t>(slots ? slots[m - slot0] : m < rows ? ids[m] : 0) * R * N + n;
     const float* tm = t + static_cast<size_t>(m - first) * R;
     if constexpr (W == 4) {
       if ((reinterpret_cast<uintptr_t>(b) & 7) == 0) {  // 4 columns of a rank's row: one 8-byte load
@@ -1401,8 +1403,10 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
                                            uint8_t* smem, const Shrink<T>* sh) {
   constexpr int S = kWgStages<NT>, KD = kWgK<NT>;
   constexpr int W_BYTES = kWgCols * KD * 2, X_BYTES = NT * KD * 2;
-  static_assert(S >= 3 && S <= 16 && S * (W_BYTES + X_BYTES) <= kWgRing && 2 * NT * kWgRedLd * 4 <= kWgRing &&
-                    kWgRing + 384 <= kWgSmem, "shared memory: the ring, then full barriers, x's tensor map, empty barriers");
+  static_assert(S >= 3 && S <= 16 && S * (W_BYTES + X_BYTES) <= kWgRing && 2 * NT * (kWgRedLd + kMaxRank / 2 + 1) * 4 <= kWgRing &&
+                    kWgRing + 384 <= kWgSmem,
+                "shared memory: the ring (past the main loop: the partial tiles, t's rows and the rows' slots), then full "
+                "barriers, x's tensor map, empty barriers");
   uint8_t* wst = smem;
   uint8_t* xst = smem + S * W_BYTES;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kWgRing);
@@ -1516,6 +1520,15 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
   // Split: block `rank` sums tokens [rank * NT/2, (rank + 1) * NT/2) of the four partial tiles
   // (its own two, then its peer's), else all NT of its own two.
   const int tokens = split ? NT / kWgPair : NT, first = split ? static_cast<int>(rank) * tokens : 0;
+  if (ex.table) {  // each row's slot, read once (the expand's items would each wait on it),
+                   // past t's rows, its loads in flight while the shrink is waited for
+    int* slots = reinterpret_cast<int*>(smem + 2 * NT * kWgRedLd * 4 + NT * kMaxRank * 4);
+    for (int i = tid; i < tokens && m0 + first + i < M; i += blockDim.x) {
+      const int m = m0 + first + i;
+      slots[i] = m < ex.rows ? static_cast<int>(ex.ids[m]) : 0;
+    }
+    ex.slots = slots, ex.slot0 = m0 + first;
+  }
   if (sh) {  // t of those rows, past the partial tiles
     float* ts = reinterpret_cast<float*>(smem + 2 * NT * kWgRedLd * 4);
     sh->wait();
