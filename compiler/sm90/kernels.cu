@@ -1403,10 +1403,11 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
                                            uint8_t* smem, const Shrink<T>* sh) {
   constexpr int S = kWgStages<NT>, KD = kWgK<NT>;
   constexpr int W_BYTES = kWgCols * KD * 2, X_BYTES = NT * KD * 2;
-  static_assert(S >= 3 && S <= 16 && S * (W_BYTES + X_BYTES) <= kWgRing && 2 * NT * (kWgRedLd + kMaxRank / 2 + 1) * 4 <= kWgRing &&
+  // Past the main loop the ring holds the partial tiles, then t's rows (gemm_lora), then the rows' slots.
+  constexpr int T_AT = 2 * NT * kWgRedLd * 4, SLOTS_AT = T_AT + NT * kMaxRank * 4;
+  static_assert(S >= 3 && S <= 16 && S * (W_BYTES + X_BYTES) <= kWgRing && SLOTS_AT + NT * 4 <= kWgRing &&
                     kWgRing + 384 <= kWgSmem,
-                "shared memory: the ring (past the main loop: the partial tiles, t's rows and the rows' slots), then full "
-                "barriers, x's tensor map, empty barriers");
+                "shared memory: the ring, then full barriers, x's tensor map, empty barriers");
   uint8_t* wst = smem;
   uint8_t* xst = smem + S * W_BYTES;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kWgRing);
@@ -1522,7 +1523,7 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
   const int tokens = split ? NT / kWgPair : NT, first = split ? static_cast<int>(rank) * tokens : 0;
   if (ex.table) {  // each row's slot, read once (the expand's items would each wait on it),
                    // past t's rows, its loads in flight while the shrink is waited for
-    int* slots = reinterpret_cast<int*>(smem + 2 * NT * kWgRedLd * 4 + NT * kMaxRank * 4);
+    int* slots = reinterpret_cast<int*>(smem + SLOTS_AT);
     for (int i = tid; i < tokens && m0 + first + i < M; i += blockDim.x) {
       const int m = m0 + first + i;
       slots[i] = m < ex.rows ? static_cast<int>(ex.ids[m]) : 0;
@@ -1530,7 +1531,7 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
     ex.slots = slots, ex.slot0 = m0 + first;
   }
   if (sh) {  // t of those rows, past the partial tiles
-    float* ts = reinterpret_cast<float*>(smem + 2 * NT * kWgRedLd * 4);
+    float* ts = reinterpret_cast<float*>(smem + T_AT);
     sh->wait();
     sh->gather(ts, m0 + first, max(0, min(tokens, M - m0 - first)));
     ex.t = ts, ex.first = m0 + first;
