@@ -171,15 +171,20 @@ def test_gemm_expand(kernels, dtype, M, K, N, R, rows, misaligned, slots=6):
 
 # stageml_gemm_lora: (M, K, N, R, ids given, misaligned); slot 0 is the base model (zeros). More
 # blocks than SMs (N = 14336: 448 at 1-128 rows), ranks that are no multiple of 8 (a read
-# element by element), ragged K (a last shrink chunk of 256)
+# element by element), ragged K (a last shrink chunk of 256), ranks 24 and 32 at 65-128 rows, few
+# blocks for many shrink units (N = 64), x misaligned past 32 rows
 GEMM_LORA = [(M, 4096, 4096, 16, M, ()) for M in (1, 7, 32, 128, 140, 256, 300)] + [
     (1, 4096, 14336, 16, 1, ()), (64, 4096, 14336, 8, 64, ()), (5, 256, 64, 8, 5, ()), (37, 768, 384, 13, 37, ()),
     (9, 256, 128, 4, 4, ()), (3, 256, 128, 16, 3, ("x",)), (200, 512, 192, 32, 150, ()), (300, 256, 64, 5, 300, ()),
-    (0, 256, 128, 16, 0, ())]
+    (0, 256, 128, 16, 0, ()), (100, 512, 192, 24, 100, ()), (77, 512, 128, 32, 60, ()), (128, 4096, 64, 16, 128, ()),
+    (50, 1024, 128, 16, 50, ("x",))]
 
 
-def _gemm_lora_case(dtype, M, K, N, R, rows, misaligned, slots=6, scale=1.0):
-    """Inputs of stageml_gemm_lora and the float64 reference of its result."""
+def _gemm_lora_case(dtype, M, K, N, R, rows, misaligned, slots=6, scale=1.0, order="random"):
+    """Inputs of stageml_gemm_lora and the float64 reference of its result; the rows' slots in
+    random order (a third of them slot 0), all one tenant's, or each row its own."""
+    if order == "distinct":
+        slots = max(rows, 1) + 1
     x = kc.tensor((M, K), dtype, 1.0, "x" in misaligned)
     w = kc.tensor((K, N), dtype, K ** -0.5)
     a = kc.tensor((slots, K, R), dtype, K ** -0.5)
@@ -187,6 +192,10 @@ def _gemm_lora_case(dtype, M, K, N, R, rows, misaligned, slots=6, scale=1.0):
     a[0], b[0] = 0, 0
     ids = torch.randint(0, slots, (max(rows, 1),), device="cuda")
     ids[: max(rows, 1) // 3] = 0  # rows of the base model among the tenants'
+    if order == "one tenant":
+        ids[:] = 1
+    elif order == "distinct":
+        ids = torch.randperm(max(rows, 1), device="cuda") + 1
     slot = torch.zeros(M, dtype=torch.long, device="cuda")
     slot[: min(rows, M)] = ids[: min(rows, M)]
     t = scale * torch.einsum("mk,mkr->mr", x.double(), a.double()[slot])
@@ -215,6 +224,18 @@ def test_gemm_lora(kernels, dtype, M, K, N, R, rows, misaligned):
         assert bool(y.isnan().all()), f"{what}: M = 0 wrote y"
         return
     _assert_close(y[:M], ref, what, dtype)
+
+
+@pytest.mark.parametrize("dtype", kc.DTYPES)
+@pytest.mark.parametrize("order", ["one tenant", "distinct"])
+@pytest.mark.parametrize("M,R", [(32, 16), (128, 16), (128, 8), (96, 32), (128, 13)])
+def test_gemm_lora_slot_orders(kernels, dtype, order, M, R):
+    """Every row one tenant's (the rows' groups are full) or each row its own slot (a group a row)."""
+    inputs, ref = _gemm_lora_case(dtype, M, 2048, 1024, R, M, (), order=order)
+    y = torch.full((M, 1024), float("nan"), device="cuda", dtype=kc.DTYPES[dtype])
+    kernels.gemm_lora(dtype, *inputs, y, M, 2048, 1024, R, M, site=5)
+    torch.cuda.synchronize()
+    _assert_close(y, ref, f"gemm_lora {dtype} M={M} R={R} {order} (seed {SEED})", dtype)
 
 
 @pytest.mark.parametrize("dtype", kc.DTYPES)

@@ -57,7 +57,7 @@
 // 64 rows of 8 (16 bytes). The sm90 pipeline packs w so once, off the request
 // path (at load for a static weight, in @adapter for a merged one). A strip's
 // 8 rows are one 8x8 wgmma core matrix (128 contiguous bytes), and the tiles
-// a block streams are one contiguous range, fetched by one bulk copy.
+// a block streams of each 64 columns are one contiguous range, fetched by one bulk copy.
 //
 // ABI (IREE CUDA): bindings as pointers in order (inputs, then y [and ws]), then the
 // push constants as 32-bit values. Buffers are dense and row-major, but w in tiles.
@@ -69,7 +69,8 @@
 //                230656) bytes of dynamic
 //                shared memory; M <= 128: (2 ceil(N / 64), 1, 1) (a cluster: the two halves
 //                of K of 64 columns); M > 128: (2 ceil(N / 128), 1, ceil(M / rows)), rows
-//                128 up to 256 rows, else 256 (a cluster: two column tiles of 64 sharing x).
+//                128 up to 256 rows (a cluster: the two halves of K of 128 columns and 128
+//                rows), else 256 (a cluster: two column tiles of 64 sharing x).
 //
 // Caller guarantees: K and N multiples of 64 (gemm_wgmma, gemm_expand, gemm_lora: K of 256); 0 <= M;
 // lora, gemm_lora: 1 <= R <= 32; gemm_expand: 1 <= R; M*K, K*N, M*N < 2^31; pointers aligned to their
@@ -105,15 +106,17 @@
 // x fragments; the epilogue adds scale * t @ b as above.
 //
 // wgmma path (gemm_wgmma, gemm_expand, gemm_lora; x and w 16-byte aligned): A and B swapped, so w is
-// the wgmma's M side and the tokens its N: a block computes y^T for 64 columns of w and up
-// to 256 tokens (wgmma m64nNk16, N = 16/32/64/128/256, the smallest that covers the block's
-// rows). Up to 128 rows, over one half of K: the two blocks of a cluster take the two halves
-// and add them through distributed shared memory, each writing half of the tokens (no
-// workspace, a fixed order of sums). Beyond, over all of K for a tile of rows: the two blocks
-// of a cluster are neighbouring column tiles, and each stage's x is copied once, by TMA
-// multicast into both (as measured on an H200: 256 rows 27.3 -> 25.3 µs, 512 rows 50.7 -> 36.1;
-// at 65-128 rows the split kept 2-5 µs ahead). A ring of up to 8 stages in shared memory: w's
-// tiles by one TMA bulk copy a stage (completing on the stage's mbarrier); x's rows, 64 k to
+// the wgmma's M side and the tokens its N: a block computes y^T for 64 columns of w (128 at
+// 129-256 rows) and up to 256 tokens (wgmma m64nNk16, N = 16/32/64/128/256, the smallest that
+// covers the block's rows). Up to 128 rows, over one half of K: the two blocks of a cluster take
+// the two halves and add them through distributed shared memory, each writing half of the tokens
+// (no workspace, a fixed order of sums). At 129-256 rows the same split, for 128 columns (each
+// warpgroup its own 64) and a tile of 128 rows: a block takes in 1 MB of w and x where two column
+// tiles of 64 sharing x took 1.5 (as measured on an H100, 4096²: 25.5-27.3 -> 23.3-24.2 µs).
+// Beyond, over all of K for a tile of 256 rows: the two blocks of a cluster are neighbouring
+// column tiles, and each stage's x is copied once, by TMA multicast into both (as measured on an
+// H200: 512 rows 50.7 -> 36.1 µs). A ring of up to 8 stages in shared memory: w's
+// tiles by one TMA bulk copy a stage and 64 columns (completing on the stage's mbarrier); x's rows, 64 k to
 // a 128-byte row in the 128-byte swizzle, by TMA tensor copies where the block has more than
 // 32 rows (the tensor map built on the device, in a per-SM slot of global memory; the copies
 // issued by a producer warp, which refills a slot once the warpgroups that read it, in both
@@ -122,8 +125,9 @@
 // the next core matrix along k, 1024 along M; x: 128-byte swizzle, 1024 bytes per 8 rows).
 // As measured on an H200, 16-byte cp.async of x capped a block near 36 GB/s and 8x8 core
 // matrices spread each 128-byte line of x over several L2 requests; TMA lifts both. The two
-// warpgroups take the first and the second half of each stage's k16 steps
-// and their partial tiles are added in the epilogue; one wgmma group stays in flight.
+// warpgroups take the first and the second half of each stage's k16 steps (with 128 columns,
+// each its own 64 over every step) and their partial tiles are added in the epilogue; one
+// wgmma group stays in flight.
 //
 // gemm_lora's shrink (Shrink below): a tenth warp of each block (threads 288-319) claims units,
 // one at a time, while the other nine run the GEMM's main loop: it sums one row over one chunk
@@ -993,9 +997,11 @@ __device__ __forceinline__ void bgmv(const T* x, const int64_t* ids, const T* ta
 
 constexpr int kWgCols = 64;        // columns of w (the wgmma M side) per block
 constexpr int kWgPair = 2;         // blocks per cluster (along x)
-constexpr int kWgSplitMaxM = 128;  // M at most this: a pair splits K; else it is 2 column tiles sharing x
-// Rows of x per block where a pair shares x (M > kWgSplitMaxM): more rows take more blocks along z.
-__device__ __forceinline__ int wg_tile_rows(int M) { return M <= 256 ? 128 : 256; }
+constexpr int kWgSplitMaxM = 128;  // M at most this: a pair splits K of 64 columns
+constexpr int kWgWideMaxM = 256;   // M at most this (beyond kWgSplitMaxM): a pair splits K of 128 columns
+                                   // over tiles of 128 rows; else it is 2 column tiles sharing x
+// Rows of x per block past kWgSplitMaxM rows: more rows take more blocks along z.
+__device__ __forceinline__ int wg_tile_rows(int M) { return M <= kWgWideMaxM ? 128 : 256; }
 constexpr int kWgRing = 196608;    // bytes of shared memory for the pipeline stages
 constexpr int kWgSmem = kWgRing + 1024;  // and the stages' mbarriers (hopper.mlir: workgroup_local_memory)
 constexpr int kWgRedLd = kWgCols + 4;    // f32 row stride of the partial tiles (conflict-free)
@@ -1003,10 +1009,12 @@ constexpr int kWgTileBytes = kTileW * kTileW * 2;  // one 64 x 64 tile of w
 constexpr int kWgThreads = kThreads + 32;  // 2 warpgroups that compute and a producer warp
 constexpr int kLoraThreads = kWgThreads + 32;  // gemm_lora: and a warp for the shrink
 
-// k per pipeline stage (two tiles of w while x is small, else one) and stages (at most 8).
+// k per pipeline stage (two tiles of w while x is small, else one) and stages (at most 8), for
+// blocks of NT rows and CB columns.
 template <int NT> constexpr int kWgK = NT <= 64 ? 2 * kTileW : kTileW;
-template <int NT> constexpr int kWgStageBytes = kWgK<NT> * (kWgCols + NT) * 2;
-template <int NT> constexpr int kWgStages = kWgRing / kWgStageBytes<NT> < 8 ? kWgRing / kWgStageBytes<NT> : 8;
+template <int NT, int CB> constexpr int kWgStageBytes = kWgK<NT> * (CB + NT) * 2;
+template <int NT, int CB>
+constexpr int kWgStages = kWgRing / kWgStageBytes<NT, CB> < 8 ? kWgRing / kWgStageBytes<NT, CB> : 8;
 
 // A shared-memory matrix descriptor, no swizzle: 8x8 core matrices (8 rows of 16 bytes,
 // contiguous), `sbo` bytes apart along M (w's strips) or N (x's rows), 128 bytes along k.
@@ -1160,17 +1168,19 @@ STAGEML_WGMMA_SHAPE(256,
                     "%130", STAGEML_D64(0), STAGEML_D64(64))
 
 
-// The k16 steps of one stage by warpgroup wg (< 2) into d: steps [wg * KS/2, (wg+1) * KS/2) of
-// w's KD/64 tiles at ws and x's KD/64 swizzled blocks at xs; one wgmma group, committed.
-template <typename T, int NT, int KD>
+// One stage's k16 steps by warpgroup wg (< 2) into d, from w's CB/64 strips of KD/64 tiles at ws
+// and x's KD/64 swizzled blocks at xs; one wgmma group, committed. CB = 64: the warpgroups share
+// the strip, wg taking steps [wg * KS/2, (wg+1) * KS/2); CB = 128: strip wg, every step.
+template <typename T, int NT, int KD, int CB>
 __device__ __forceinline__ void wgmma_stage(float (&d)[NT / 2], const uint8_t* ws, const uint8_t* xs, int wg) {
-  constexpr int KS = KD / 16;
+  constexpr int KS = KD / 16, STEPS = CB == kWgCols ? KS / 2 : KS;
   wgmma_fence_operands(d);
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-  for (int i = 0; i < KS / 2; ++i) {
-    const int j = wg * (KS / 2) + i;  // k16 step: tile j / 4 of w, k-groups 2 (j % 4) and on
-    Wgmma<NT>::template run<T>(d, wg_desc(ws + j / 4 * kWgTileBytes + j % 4 * 256, 1024),
+  for (int i = 0; i < STEPS; ++i) {
+    const int j = CB == kWgCols ? wg * STEPS + i : i;  // k16 step: tile j / 4 of w, k-groups 2 (j % 4) and on
+    const uint8_t* strip = CB == kWgCols ? ws : ws + wg * (KD / 64) * kWgTileBytes;
+    Wgmma<NT>::template run<T>(d, wg_desc(strip + j / 4 * kWgTileBytes + j % 4 * 256, 1024),
                                wg_desc_sw128(xs + j / 4 * NT * 128 + j % 4 * 32));
   }
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -1389,24 +1399,27 @@ template <typename T> struct Shrink {
   }
 };
 
-// One block: y^T[n0 .. n0+64, m0 .. m0+NT]. Warpgroups 0 and 1 (threads 0-255) compute, warpgroup
-// g taking the k16 steps [g * KS/2, (g+1) * KS/2) of every stage; warp 8 (threads 256-287) is the
-// producer where x comes by TMA. The two blocks of a cluster (rank = blockIdx.x % 2) are either
-// (split) the two halves of K of one column tile, their partial tiles summed through distributed
-// shared memory, or (shared) two neighbouring column tiles over all of K that share x: stage kt's
-// rows are copied by the block of rank kt % 2 and multicast to both, and a slot is refilled only
-// once both blocks are done with it. A block past N's columns (odd N/64) still copies its share.
+// One block: y^T[n0 .. n0+CB, m0 .. m0+NT]. Warpgroups 0 and 1 (threads 0-255) compute: with CB =
+// 64 columns, warpgroup g takes the k16 steps [g * KS/2, (g+1) * KS/2) of every stage; with CB =
+// 128 (wide: 128 < M <= 256, tiles of NT = 128 rows), columns n0 + 64g.. over every step. Warp 8
+// (threads 256-287) is the producer where x comes by TMA. The two blocks of a cluster (rank =
+// blockIdx.x % 2) are either (split; always where wide) the two halves of K of one column tile,
+// their partial tiles summed through distributed shared memory, or (shared) two neighbouring column
+// tiles over all of K that share x: stage kt's rows are copied by the block of rank kt % 2 and
+// multicast to both, and a slot is refilled only once both blocks are done with it. A block past
+// N's columns (odd N/64) still copies its share (wide: its second strip is past N and not copied).
 // With `sh` (gemm_lora), the compute warps first take their share of the shrink, and the epilogue
 // expands each row's t from shared memory.
-template <typename T, int NT>
+template <typename T, int NT, int CB = kWgCols>
 __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, int K, int N, Expand<T> ex,
                                            uint8_t* smem, const Shrink<T>* sh) {
-  constexpr int S = kWgStages<NT>, KD = kWgK<NT>;
-  constexpr int W_BYTES = kWgCols * KD * 2, X_BYTES = NT * KD * 2;
+  constexpr bool wide = CB != kWgCols;
+  constexpr int S = kWgStages<NT, CB>, KD = kWgK<NT>;
+  constexpr int W_BYTES = CB * KD * 2, X_BYTES = NT * KD * 2, STRIP_BYTES = kWgCols * KD * 2;
   // Past the main loop the ring holds the partial tiles, then t's rows (gemm_lora), then the rows' slots.
   constexpr int T_AT = 2 * NT * kWgRedLd * 4, SLOTS_AT = T_AT + NT * kMaxRank * 4;
-  static_assert(S >= 3 && S <= 16 && S * (W_BYTES + X_BYTES) <= kWgRing && SLOTS_AT + NT * 4 <= kWgRing &&
-                    kWgRing + 384 <= kWgSmem,
+  static_assert((!wide || (CB == 2 * kWgCols && NT == 128)) && S >= 3 && S <= 16 && S * (W_BYTES + X_BYTES) <= kWgRing &&
+                    SLOTS_AT + NT * 4 <= kWgRing && kWgRing + 384 <= kWgSmem,
                 "shared memory: the ring, then full barriers, x's tensor map, empty barriers");
   uint8_t* wst = smem;
   uint8_t* xst = smem + S * W_BYTES;
@@ -1414,17 +1427,18 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
   uint64_t* empty = reinterpret_cast<uint64_t*>(smem + kWgRing + 256);
   const int tid = threadIdx.x, wg = tid >> 7;
   const uint32_t rank = cluster_rank();
-  const bool split = M <= kWgSplitMaxM;
-  const int n0 = (split ? blockIdx.x / kWgPair : blockIdx.x) * kWgCols;
-  const int m0 = split ? 0 : blockIdx.z * wg_tile_rows(M), rows = min(NT, M - m0);
+  const bool split = wide || M <= kWgSplitMaxM;
+  const int n0 = wide ? blockIdx.x / kWgPair * CB : (split ? blockIdx.x / kWgPair : blockIdx.x) * kWgCols;
+  const int m0 = wide ? blockIdx.z * NT : split ? 0 : blockIdx.z * wg_tile_rows(M), rows = min(NT, M - m0);
   const int k_begin = split ? static_cast<int>(rank) * (K / kWgPair) : 0, KT = (split ? K / kWgPair : K) / KD;
   const bool has_w = n0 < N, multicast = !split && NT >= 64;
+  const bool second = wide && n0 + kWgCols < N;  // wide: the block's second strip of 64 columns is in N
   // Stage kt: k-block kt, or with tiles of 256 rows (kt + pair) % KT (the pairs start at different
   // k); w's KD/64 tiles (contiguous: one bulk copy) and x's rows as KD/64 blocks [NT][128 bytes]
   // of 64 k in the 128-byte swizzle. (Measured, 4096²: every pair from k = 0 is 0.4-1.6 µs faster
   // at 64-256 rows, the staggered start 0.8 µs faster at 512.)
   const int stagger = NT == 256 ? static_cast<int>(blockIdx.x) / kWgPair : 0;
-  const auto k_of = [&](int kt) { return k_begin + (kt + stagger) % KT * KD; };
+  const auto k_of = [&](int kt) { return k_begin + (wide ? kt : (kt + stagger) % KT) * KD; };
   if (tid == 0) {
     for (int s = 0; s < S; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], multicast ? 2 * kWgPair : 2);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -1452,8 +1466,16 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
         for (int kt = 0; kt < KT; ++kt) {
           const int slot = kt % S, k0 = k_of(kt);
           if (kt >= S) mbar_wait(&empty[slot], (kt / S - 1) & 1);
-          mbar_expect_tx(&full[slot], (has_w ? W_BYTES : 0) + rows * KD * 2);
-          if (has_w) bulk_copy(wst + slot * W_BYTES, w + w_at(k0, n0, K), W_BYTES, &full[slot]);
+          if constexpr (wide) {  // a strip a copy, their count known at compile time (measured: a loop over
+            // the strips and a modulo in k_of here cost 2 µs of 25 at 129-256 rows)
+            mbar_expect_tx(&full[slot], (second ? W_BYTES : STRIP_BYTES) + rows * KD * 2);
+            bulk_copy(wst + slot * W_BYTES, w + w_at(k0, n0, K), STRIP_BYTES, &full[slot]);
+            if (second)
+              bulk_copy(wst + slot * W_BYTES + STRIP_BYTES, w + w_at(k0, n0 + kWgCols, K), STRIP_BYTES, &full[slot]);
+          } else {
+            mbar_expect_tx(&full[slot], (has_w ? W_BYTES : 0) + rows * KD * 2);
+            if (has_w) bulk_copy(wst + slot * W_BYTES, w + w_at(k0, n0, K), W_BYTES, &full[slot]);
+          }
           if (!multicast || kt % kWgPair == static_cast<int>(rank))
             for (int h = 0; h < KD / 64; ++h) {
               uint8_t* dst = xst + slot * X_BYTES + h * NT * 128;
@@ -1467,7 +1489,7 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
       for (int kt = 0; kt < KT; ++kt) {
         const int slot = kt % S;
         mbar_wait(&full[slot], (kt / S) & 1);
-        wgmma_stage<T, NT, KD>(d, wst + slot * W_BYTES, xst + slot * X_BYTES, wg);
+        wgmma_stage<T, NT, KD, CB>(d, wst + slot * W_BYTES, xst + slot * X_BYTES, wg);
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // stage kt - 1 done
         wgmma_fence_operands(d);
         if (kt > 0 && (tid & 127) == 0) {
@@ -1506,7 +1528,7 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // seen by wgmma
         asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");  // stage kt is in; kt - 2 is done
         load(kt + S - 2);  // into stage kt - 2's slot
-        wgmma_stage<T, NT, KD>(d, wst + slot * W_BYTES, xst + slot * X_BYTES, wg);
+        wgmma_stage<T, NT, KD, CB>(d, wst + slot * W_BYTES, xst + slot * X_BYTES, wg);
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // stage kt - 1 done
         wgmma_fence_operands(d);
       }
@@ -1551,18 +1573,26 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
         for (int e = 0; e < 2; ++e) mine[(8 * j + 2 * (lane & 3) + e) * kWgRedLd + col + 8 * h] = d[4 * j + 2 * h + e];
   }
   cluster_sync();  // every partial tile of the cluster (and t) is written
-  // The sums in a fixed order, 4 columns a thread.
-  constexpr int kQuads = kWgCols / 4;
+  // The sums in a fixed order, 4 columns a thread: with CB = 64 both warpgroups' tiles of each block
+  // (of the pair where split), with CB = 128 warpgroup c4 / 64's of each block of the pair.
+  constexpr int kQuads = CB / 4;
   for (int e = tid; e < tokens * kQuads; e += blockDim.x) {
     const int tok = first + e / kQuads, c4 = (e % kQuads) * 4;
     const int m = m0 + tok;
-    if (m >= M || !has_w) continue;
+    if (m >= M || (wide ? n0 + c4 >= N : !has_w)) continue;
     float l[4] = {0.f, 0.f, 0.f, 0.f};
     if (ex.table) ex.add(m, n0 + c4, N, l);
     float4 s = make_float4(l[0], l[1], l[2], l[3]);
-    for (int src = 0; src < (split ? 2 * kWgPair : 2); ++src) {
-      const float4 v = ld_cluster(red + ((src & 1) * NT + tok) * kWgRedLd + c4, rank ^ (src >> 1));
-      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+    if constexpr (wide) {
+      for (int src = 0; src < kWgPair; ++src) {
+        const float4 v = ld_cluster(red + (c4 / kWgCols * NT + tok) * kWgRedLd + c4 % kWgCols, rank ^ src);
+        s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+      }
+    } else {
+      for (int src = 0; src < (split ? 2 * kWgPair : 2); ++src) {
+        const float4 v = ld_cluster(red + ((src & 1) * NT + tok) * kWgRedLd + c4, rank ^ (src >> 1));
+        s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+      }
     }
     T* out = y + static_cast<size_t>(m) * N + n0 + c4;
     out[0] = from_f32<T>(s.x), out[1] = from_f32<T>(s.y), out[2] = from_f32<T>(s.z), out[3] = from_f32<T>(s.w);
@@ -1589,7 +1619,9 @@ __device__ __forceinline__ void gemm_wgmma(const T* x, const T* w, T* y, int M, 
   } else {
     const int tile = M <= kWgSplitMaxM ? M : wg_tile_rows(M);
     const int rows = min(tile, M - static_cast<int>(blockIdx.z) * tile);
-    if (rows <= 16) wgmma_path<T, 16>(x, w, y, M, K, N, ex, wg_smem, sh);
+    if (M > kWgSplitMaxM && M <= kWgWideMaxM)  // every tile of rows: the grid is laid out for 128 columns a block
+      wgmma_path<T, 128, 2 * kWgCols>(x, w, y, M, K, N, ex, wg_smem, sh);
+    else if (rows <= 16) wgmma_path<T, 16>(x, w, y, M, K, N, ex, wg_smem, sh);
     else if (rows <= 32) wgmma_path<T, 32>(x, w, y, M, K, N, ex, wg_smem, sh);
     else if (rows <= 64) wgmma_path<T, 64>(x, w, y, M, K, N, ex, wg_smem, sh);
     else if (rows <= 128) wgmma_path<T, 128>(x, w, y, M, K, N, ex, wg_smem, sh);
