@@ -115,7 +115,7 @@
 // tiles of 64 sharing x took 1.5 (as measured on an H100, 4096²: 25.5-27.3 -> 23.3-24.2 µs).
 // Beyond, over all of K for a tile of 256 rows: the two blocks of a cluster are neighbouring
 // column tiles, and each stage's x is copied once, by TMA multicast into both (as measured on an
-// H200: 512 rows 50.7 -> 36.1 µs). A ring of up to 8 stages in shared memory: w's
+// H200: 512 rows 50.7 -> 36.1 µs). A ring of up to 8 stages (gemm_lora up to 32 rows: 4) in shared memory: w's
 // tiles by one TMA bulk copy a stage and 64 columns (completing on the stage's mbarrier); x's rows, 64 k to
 // a 128-byte row in the 128-byte swizzle, by TMA tensor copies where the block has more than
 // 32 rows (the tensor map built on the device, in a per-SM slot of global memory; the copies
@@ -1009,12 +1009,18 @@ constexpr int kWgTileBytes = kTileW * kTileW * 2;  // one 64 x 64 tile of w
 constexpr int kWgThreads = kThreads + 32;  // 2 warpgroups that compute and a producer warp
 constexpr int kLoraThreads = kWgThreads + 32;  // gemm_lora: and a warp for the shrink
 
-// k per pipeline stage (two tiles of w while x is small, else one) and stages (at most 8), for
-// blocks of NT rows and CB columns.
+// k per pipeline stage (two tiles of w while x is small, else one) and stages, for blocks of NT
+// rows and CB columns: at most 8, or kWgShrinkStages in gemm_lora (SHRINK) up to 32 rows. There the
+// shrink warp's copies, beside the main loop, wait behind every stage requested before them: with
+// 4 stages in flight instead of 8, gemm_lora took 0.4-3.0 µs less at 1-32 rows (measured on an
+// H100, 4096², r = 16), the GEMM alone 0-0.4 µs more.
+constexpr int kWgShrinkStages = 4;
 template <int NT> constexpr int kWgK = NT <= 64 ? 2 * kTileW : kTileW;
 template <int NT, int CB> constexpr int kWgStageBytes = kWgK<NT> * (CB + NT) * 2;
-template <int NT, int CB>
-constexpr int kWgStages = kWgRing / kWgStageBytes<NT, CB> < 8 ? kWgRing / kWgStageBytes<NT, CB> : 8;
+template <int NT, bool SHRINK> constexpr int kWgStageCap = SHRINK && NT <= 32 ? kWgShrinkStages : 8;
+template <int NT, int CB, bool SHRINK>
+constexpr int kWgStages = kWgRing / kWgStageBytes<NT, CB> < kWgStageCap<NT, SHRINK>
+                              ? kWgRing / kWgStageBytes<NT, CB> : kWgStageCap<NT, SHRINK>;
 
 // A shared-memory matrix descriptor, no swizzle: 8x8 core matrices (8 rows of 16 bytes,
 // contiguous), `sbo` bytes apart along M (w's strips) or N (x's rows), 128 bytes along k.
@@ -1410,11 +1416,11 @@ template <typename T> struct Shrink {
 // N's columns (odd N/64) still copies its share (wide: its second strip is past N and not copied).
 // With `sh` (gemm_lora), the compute warps first take their share of the shrink, and the epilogue
 // expands each row's t from shared memory.
-template <typename T, int NT, int CB = kWgCols>
+template <typename T, int NT, bool SHRINK, int CB = kWgCols>
 __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, int K, int N, Expand<T> ex,
                                            uint8_t* smem, const Shrink<T>* sh) {
   constexpr bool wide = CB != kWgCols;
-  constexpr int S = kWgStages<NT, CB>, KD = kWgK<NT>;
+  constexpr int S = kWgStages<NT, CB, SHRINK>, KD = kWgK<NT>;
   constexpr int W_BYTES = CB * KD * 2, X_BYTES = NT * KD * 2, STRIP_BYTES = kWgCols * KD * 2;
   // Past the main loop the ring holds the partial tiles, then t's rows (gemm_lora), then the rows' slots.
   constexpr int T_AT = 2 * NT * kWgRedLd * 4, SLOTS_AT = T_AT + NT * kMaxRank * 4;
@@ -1601,8 +1607,8 @@ __device__ __forceinline__ void wgmma_path(const T* x, const T* w, T* y, int M, 
   cluster_wait();
 }
 
-// gemm_wgmma, gemm_expand (sh null) and gemm_lora.
-template <typename T>
+// gemm_wgmma, gemm_expand (sh null) and gemm_lora (SHRINK, sh not null).
+template <typename T, bool SHRINK = false>
 __device__ __forceinline__ void gemm_wgmma(const T* x, const T* w, T* y, int M, int K, int N, const Expand<T>& ex,
                                            const Shrink<T>* sh = nullptr) {
   extern __shared__ __align__(128) uint8_t wg_smem[];
@@ -1620,12 +1626,12 @@ __device__ __forceinline__ void gemm_wgmma(const T* x, const T* w, T* y, int M, 
     const int tile = M <= kWgSplitMaxM ? M : wg_tile_rows(M);
     const int rows = min(tile, M - static_cast<int>(blockIdx.z) * tile);
     if (M > kWgSplitMaxM && M <= kWgWideMaxM)  // every tile of rows: the grid is laid out for 128 columns a block
-      wgmma_path<T, 128, 2 * kWgCols>(x, w, y, M, K, N, ex, wg_smem, sh);
-    else if (rows <= 16) wgmma_path<T, 16>(x, w, y, M, K, N, ex, wg_smem, sh);
-    else if (rows <= 32) wgmma_path<T, 32>(x, w, y, M, K, N, ex, wg_smem, sh);
-    else if (rows <= 64) wgmma_path<T, 64>(x, w, y, M, K, N, ex, wg_smem, sh);
-    else if (rows <= 128) wgmma_path<T, 128>(x, w, y, M, K, N, ex, wg_smem, sh);
-    else wgmma_path<T, 256>(x, w, y, M, K, N, ex, wg_smem, sh);
+      wgmma_path<T, 128, SHRINK, 2 * kWgCols>(x, w, y, M, K, N, ex, wg_smem, sh);
+    else if (rows <= 16) wgmma_path<T, 16, SHRINK>(x, w, y, M, K, N, ex, wg_smem, sh);
+    else if (rows <= 32) wgmma_path<T, 32, SHRINK>(x, w, y, M, K, N, ex, wg_smem, sh);
+    else if (rows <= 64) wgmma_path<T, 64, SHRINK>(x, w, y, M, K, N, ex, wg_smem, sh);
+    else if (rows <= 128) wgmma_path<T, 128, SHRINK>(x, w, y, M, K, N, ex, wg_smem, sh);
+    else wgmma_path<T, 256, SHRINK>(x, w, y, M, K, N, ex, wg_smem, sh);
   }
   if (sh) {
     __syncthreads();
@@ -1666,7 +1672,7 @@ __device__ __forceinline__ void gemm_wgmma(const T* x, const T* w, T* y, int M, 
     const float scale = __uint_as_float(scale_bits);                                                            \
     const Shrink<T> sh{x, ids, a, ws, g_lora_sync[static_cast<unsigned int>(site) % kSyncSlots], M, K, R, rows, \
                        scale};                                                                                  \
-    gemm_wgmma<T>(x, w, y, M, K, N, Expand<T>{nullptr, ids, b, R, rows}, &sh);                                  \
+    gemm_wgmma<T, true>(x, w, y, M, K, N, Expand<T>{nullptr, ids, b, R, rows}, &sh);                            \
   }                                                                                                             \
   extern "C" __global__ void __cluster_dims__(1, 1, kBgmvSplit) __launch_bounds__(kThreads, 3)                \
       stageml_bgmv_##SUFFIX(const T* __restrict__ x, const int64_t* __restrict__ ids,                           \
