@@ -21,7 +21,8 @@
 // 64x64 tile; for the wgmma GEMM and the GEMM with a fused expand, clusters of
 // 2 blocks along x (the cluster shape is compiled into the kernel): where
 // M <= 128, (2 ceil(N/64), 1, 1), a cluster the two halves of K of 64 columns;
-// else (2 ceil(N/128), 1, ceil(M/rows)), rows 128 (256 past 256 rows), a
+// else (2 ceil(N/128), 1, ceil(M/rows)): up to 256 rows, tiles of 128 rows, a
+// cluster the two halves of K of 128 columns; past 256, tiles of 256 rows, a
 // cluster two column tiles of 64 that share x (the multi-tenant LoRA kernel:
 // the same). Each block has 197632 bytes (the LoRA kernel: 230656) of
 // dynamic shared memory, which IREE's CUDA runtime sets and launches with

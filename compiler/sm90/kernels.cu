@@ -112,12 +112,13 @@
 // the two halves and add them through distributed shared memory, each writing half of the tokens
 // (no workspace, a fixed order of sums). At 129-256 rows the same split, for 128 columns (each
 // warpgroup its own 64) and a tile of 128 rows: a block takes in 1 MB of w and x where two column
-// tiles of 64 sharing x took 1.5 (as measured on an H100, 4096²: 25.5-27.3 -> 23.3-24.2 µs).
+// tiles of 64 sharing x took 1.5 (as measured on an H100, 4096²: 25.3-26.4 -> 23.0-24.5 µs).
 // Beyond, over all of K for a tile of 256 rows: the two blocks of a cluster are neighbouring
 // column tiles, and each stage's x is copied once, by TMA multicast into both (as measured on an
-// H200: 512 rows 50.7 -> 36.1 µs). A ring of up to 8 stages (gemm_lora up to 32 rows: 4) in shared memory: w's
-// tiles by one TMA bulk copy a stage and 64 columns (completing on the stage's mbarrier); x's rows, 64 k to
-// a 128-byte row in the 128-byte swizzle, by TMA tensor copies where the block has more than
+// H200: 512 rows 50.7 -> 36.1 µs). A ring of up to 8 stages (gemm_lora up to 32 rows: 4) in
+// shared memory: w's tiles by one TMA bulk copy a stage and 64 columns (completing on the
+// stage's mbarrier); x's rows, 64 k to a 128-byte row in the 128-byte swizzle, by TMA tensor
+// copies where the block has more than
 // 32 rows (the tensor map built on the device, in a per-SM slot of global memory; the copies
 // issued by a producer warp, which refills a slot once the warpgroups that read it, in both
 // blocks where they share x, arrive on its empty barrier), else by cp.async.
