@@ -37,7 +37,7 @@
 //     sits in b):
 //     t[m,r] = scale * sum_k f32(x[m,k]) f32(a[slot(m),k,r]) in f32 (never rounded), then
 //     y[m,n] = T(sum_k f32(x) f32(w) + sum_r t[m,r] * f32(b[slot(m),r,n])), one rounding.
-//     A warp of each block (past 32 rows, every warp) computes the shrink, in units of (chunk of
+//     A warp of each block (past 48 rows, every warp) computes the shrink, in units of (chunk of
 //     k, row) that it claims from a counter, into ws [ceil(K / kc), M, R] (f32, the call's
 //     scratch: its contents before and after mean nothing), kc = min(1024, floor(7168 / R / 32)
 //     * 32) k-rows (at most 14 KiB of a); each block waits for every unit before its epilogue
@@ -115,7 +115,7 @@
 // tiles of 64 sharing x took 1.5 (as measured on an H100, 4096²: 25.3-26.4 -> 23.0-24.5 µs).
 // Beyond, over all of K for a tile of 256 rows: the two blocks of a cluster are neighbouring
 // column tiles, and each stage's x is copied once, by TMA multicast into both (as measured on an
-// H200: 512 rows 50.7 -> 36.1 µs). A ring of up to 8 stages (gemm_lora up to 32 rows: 4) in
+// H200: 512 rows 50.7 -> 36.1 µs). A ring of up to 8 stages (gemm_lora up to 64 rows: 4) in
 // shared memory: w's tiles by one TMA bulk copy a stage and 64 columns (completing on the
 // stage's mbarrier); x's rows, 64 k to a 128-byte row in the 128-byte swizzle, by TMA tensor
 // copies where the block has more than
@@ -1011,14 +1011,14 @@ constexpr int kWgThreads = kThreads + 32;  // 2 warpgroups that compute and a pr
 constexpr int kLoraThreads = kWgThreads + 32;  // gemm_lora: and a warp for the shrink
 
 // k per pipeline stage (two tiles of w while x is small, else one) and stages, for blocks of NT
-// rows and CB columns: at most 8, or kWgShrinkStages in gemm_lora (SHRINK) up to 32 rows. There the
-// shrink warp's copies, beside the main loop, wait behind every stage requested before them: with
-// 4 stages in flight instead of 8, gemm_lora took 0.4-3.0 µs less at 1-32 rows (measured on an
-// H100, 4096², r = 16), the GEMM alone 0-0.4 µs more.
+// rows and CB columns: at most 8, or kWgShrinkStages in gemm_lora (SHRINK) up to 64 rows. There the
+// shrink's copies wait behind every stage requested before them: with 4 stages in flight instead
+// of 8 (6 at 33-64 rows), gemm_lora took 0.3-3.3 µs less at 1-48 rows and 0.1-0.3 less at 49-64
+// (measured on an H100, 4096², r = 16, with the shrink warp alone up to 48 rows).
 constexpr int kWgShrinkStages = 4;
 template <int NT> constexpr int kWgK = NT <= 64 ? 2 * kTileW : kTileW;
 template <int NT, int CB> constexpr int kWgStageBytes = kWgK<NT> * (CB + NT) * 2;
-template <int NT, bool SHRINK> constexpr int kWgStageCap = SHRINK && NT <= 32 ? kWgShrinkStages : 8;
+template <int NT, bool SHRINK> constexpr int kWgStageCap = SHRINK && NT <= 64 ? kWgShrinkStages : 8;
 template <int NT, int CB, bool SHRINK>
 constexpr int kWgStages = kWgRing / kWgStageBytes<NT, CB> < kWgStageCap<NT, SHRINK>
                               ? kWgRing / kWgStageBytes<NT, CB> : kWgStageCap<NT, SHRINK>;
@@ -1197,7 +1197,7 @@ __device__ __forceinline__ void wgmma_stage(float (&d)[NT / 2], const uint8_t* w
 
 constexpr int kShrinkBytes = 16384;  // a shrink unit's buffer: its rows of a (at most kShrinkA bytes), then of x
 constexpr int kShrinkA = 14336;
-constexpr int kShrinkSideMaxM = 32;  // M at most this: the shrink warp alone, beside the main loop
+constexpr int kShrinkSideMaxM = 48;  // M at most this: the shrink warp alone, beside the main loop
 constexpr int kSyncSlots = 256;
 constexpr int kLoraSmem = kWgSmem + 2 * kShrinkBytes + 256;  // and the shrink's two buffers (hopper.mlir)
 static_assert(kLoraSmem <= 232448, "an sm_90 block's shared memory");
