@@ -228,9 +228,10 @@ def test_gemm_lora(kernels, dtype, M, K, N, R, rows, misaligned):
 
 @pytest.mark.parametrize("dtype", kc.DTYPES)
 @pytest.mark.parametrize("order", ["one tenant", "distinct"])
-@pytest.mark.parametrize("M,R", [(32, 16), (128, 16), (128, 8), (96, 32), (128, 13)])
+@pytest.mark.parametrize("M,R", [(32, 16), (40, 16), (128, 16), (128, 8), (96, 32), (128, 13)])
 def test_gemm_lora_slot_orders(kernels, dtype, order, M, R):
-    """Every row one tenant's (the rows' groups are full) or each row its own slot (a group a row)."""
+    """Every row one tenant's (all rows read one slot's factors) or each row its own slot (as many
+    slots as rows); 40 rows: the shrink warp alone past 32 rows."""
     inputs, ref = _gemm_lora_case(dtype, M, 2048, 1024, R, M, (), order=order)
     y = torch.full((M, 1024), float("nan"), device="cuda", dtype=kc.DTYPES[dtype])
     kernels.gemm_lora(dtype, *inputs, y, M, 2048, 1024, R, M, site=5)
