@@ -145,7 +145,8 @@ def _iree(c: Compilation) -> None:
 
 def _vmfb(c: Compilation) -> None:
     target = get_target(c.options)
-    text, choices = lowering.text(c.module), target.flag_choices(c.module)
+    text = lowering.text(c.module)
+    choices = [[*flags, *lowering.RESIDUAL_FLAGS] for flags in target.flag_choices(c.module)]
     for flags, fallback in zip(choices, choices[1:] + [None]):
         try:
             c.vmfb = lowering.compile_module(text, "the residual", target.backend, flags)

@@ -74,6 +74,12 @@ PATH_BUGS = ("'affine.delinearize_index' op no basis element may be statically n
              "One or more operations with large vector sizes")
 
 
+# Every residual is compiled async-external: each entry point takes a wait fence and a signal
+# fence and returns once its work is queued, and the runtime waits for the signal itself
+# (runtime/module.py: ResidualModule._wait), so that on a GPU the caller is not put to sleep.
+RESIDUAL_FLAGS = ("--iree-execution-model=async-external",)
+
+
 def compile_module(module_text: str, what: str, backend: str, flags: list) -> bytes:
     """Compiles IREE input for `backend` with `flags`."""
     try:

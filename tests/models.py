@@ -69,8 +69,11 @@ def submissions(art, symbol: str) -> int:
     from iree import compiler as iree_compiler
     from iree.compiler import ir
 
+    from stageml.compiler.lowering import RESIDUAL_FLAGS
+
     backend = {"local-task": "llvm-cpu", "cuda": "cuda"}[art.target["device"]]
-    text = iree_compiler.compile_str(art.mlir["iree"], target_backends=[backend], extra_args=["--compile-to=stream"])
+    text = iree_compiler.compile_str(art.mlir["iree"], target_backends=[backend],
+                                     extra_args=[*RESIDUAL_FLAGS, "--compile-to=stream"])
     regions = []
 
     def visit(op):

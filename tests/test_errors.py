@@ -179,6 +179,22 @@ def test_residual_for_a_cpu_with_more_features_is_refused(tmp_path):
         stageml.load(path)
 
 
+def test_a_residual_that_waits_for_its_own_work_is_refused(tmp_path, monkeypatch):
+    """A residual compiled without lowering.RESIDUAL_FLAGS (as StageML did before its calls passed
+    fences: IREE's synchronous calls) is refused at load with the fix, not called with arguments
+    its signature lacks; one compiled with them takes the fences and matches PyTorch."""
+    from stageml.compiler import lowering
+
+    model, x = MLP().eval(), torch.randn(3, 32)
+    fenced = stageml.load(stageml.compile(model, (x,)).save(str(tmp_path / "fenced.vmfb")))
+    expected = model(x).detach().numpy()
+    assert np.abs(fenced(x.numpy()) - expected).max() <= 1e-5 * np.abs(expected).max()
+    monkeypatch.setattr(lowering, "RESIDUAL_FLAGS", ())
+    path = stageml.compile(model, (x,)).save(str(tmp_path / "sync.vmfb"))
+    with pytest.raises(stageml.StageMLError, match="was compiled by an earlier StageML .*: recompile the model"):
+        stageml.load(path)
+
+
 # -- stagemlc: every user mistake one line and exit 1 (2 for usage), bugs exit 3 ------
 
 def _main(capsys, *args) -> tuple:

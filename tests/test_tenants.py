@@ -376,6 +376,7 @@ def test_a_site_iree_data_tiling_cannot_vectorize_compiles_by_the_next_path(tmp_
     residual is compiled by the next path, and for this CPU (whichever path it takes) matches PEFT."""
     from peft import LoraConfig, get_peft_model
 
+    from stageml.compiler.lowering import RESIDUAL_FLAGS
     from stageml.compiler.options import CompileOptions
     from stageml.compiler.targets import get_target
 
@@ -386,7 +387,8 @@ def test_a_site_iree_data_tiling_cannot_vectorize_compiles_by_the_next_path(tmp_
     model.save_pretrained(str(tmp_path / "a"))
     example, dims = (torch.randn(2, 32),), ({0: Dim("rows", max=8)},)
     znver4 = stageml.compile(model, example, dynamic_shapes=dims, max_adapters=2, max_rank=16, cpu="znver4")
-    assert znver4.report.iree_flags == get_target(CompileOptions(cpu="znver4")).flag_choices(None)[1]
+    assert znver4.report.iree_flags == [*get_target(CompileOptions(cpu="znver4")).flag_choices(None)[1],
+                                        *RESIDUAL_FLAGS]
     art = stageml.compile(model, example, dynamic_shapes=dims, max_adapters=2, max_rank=16)
     mod = art.load(str(tmp_path / "r.vmfb"))
     mod.load_adapter("a", str(tmp_path / "a"))
