@@ -195,6 +195,32 @@ def test_a_residual_that_waits_for_its_own_work_is_refused(tmp_path, monkeypatch
         stageml.load(path)
 
 
+def test_a_gpu_calls_wait_polls_then_sleeps_and_reports_a_failure(mlp_artifact, monkeypatch):
+    """ResidualModule._wait as a GPU call takes it (here on the CPU device's semaphores): a call
+    whose work outlasts the polling still returns once its semaphore is signalled, and a
+    semaphore failed by the device raises instead of waiting forever."""
+    import threading
+    import time
+
+    from stageml.runtime import module
+
+    _, path = mlp_artifact
+    mod = stageml.load(path)
+    monkeypatch.setattr(module, "POLL_NS", 2_000_000)
+    monkeypatch.setattr(mod, "_device_kind", "cuda")
+    device = mod._config.device
+    for delay in (0.0005, 0.05):  # signalled while polling; after the polling gave up
+        done = device.create_semaphore(0)
+        threading.Timer(delay, lambda: done.signal(1)).start()
+        start = time.perf_counter()
+        mod._wait(done)
+        assert done.query() == 1 and time.perf_counter() - start >= delay
+    failed = device.create_semaphore(0)
+    threading.Timer(0.01, lambda: failed.fail("the device stopped")).start()
+    with pytest.raises(RuntimeError, match="the device stopped"):
+        mod._wait(failed)
+
+
 # -- stagemlc: every user mistake one line and exit 1 (2 for usage), bugs exit 3 ------
 
 def _main(capsys, *args) -> tuple:
