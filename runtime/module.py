@@ -27,51 +27,80 @@ def as_numpy(value) -> np.ndarray:
 
 
 def _is_torch(value) -> bool:
-    return type(value).__module__.startswith("torch") and hasattr(value, "__dlpack__")
+    return _is_torch_type(type(value))
 
 
-def _check_input(spec: dict, value, device_kind: str):
-    """(`value` as the call passes it to IREE, its shape, whether it is a torch tensor passed
-    as it is), after checking it against
-    input `spec`: shape, dtype, the export's dimension ranges and, for indices,
-    the values the tables allow. A torch tensor on the module's own kind of
-    device ("cpu" or "cuda") is passed as it is (DLPack), anything else as a
-    contiguous numpy array."""
-    direct = _is_torch(value) and value.device.type == device_kind
-    if direct:
-        if value.requires_grad:
-            value = value.detach()
-        if not value.is_contiguous():
-            value = value.contiguous()
-        shape, dtype = tuple(value.shape), str(value.dtype).removeprefix("torch.")
-    else:
-        value = as_numpy(value)
-        shape, dtype = value.shape, value.dtype.name
-    shape_ok = len(shape) == len(spec["shape"]) and all(d is None or d == s for d, s in zip(spec["shape"], shape))
-    if not shape_ok or dtype != spec["dtype"]:
-        expected = "[" + ", ".join("?" if d is None else str(d) for d in spec["shape"]) + "] " + spec["dtype"]
-        raise InputError(f"input {spec['name']!r} has shape {list(shape)} {dtype}; expected {expected}")
-    for axis, (size, bound) in enumerate(zip(shape, spec.get("dims", ()))):
-        if size < bound["min"] or size > bound.get("max", size):
-            allowed = f"{bound['min']}..{bound['max']}" if "max" in bound else f"at least {bound['min']}"
-            raise InputError(f"input {spec['name']!r} has {size} along dimension {axis}, outside the exported "
-                             f"range {allowed}: split the request, or export with a larger Dim max")
-    values = spec.get("range")
-    if values is not None and math.prod(shape):
-        low, high = (int(v) for v in (value.aminmax() if direct else (value.min(), value.max())))
-        if low < values["min"] or high > values["max"]:
-            raise InputError(f"input {spec['name']!r} holds {low if low < values['min'] else high}, outside "
-                             f"{values['min']}..{values['max']} (the rows of the table it indexes): pass indices "
-                             "inside the table, e.g. token ids below the vocabulary size")
-    return (value if direct else np.asarray(value, order="C")), shape, direct
+@functools.cache
+def _is_torch_type(kind: type) -> bool:
+    return kind.__module__.startswith("torch") and hasattr(kind, "__dlpack__")
+
+
+ACCEPTED_KEPT = 1024  # the (shape, dtype) pairs an input remembers as checked (see InputSpec)
+
+
+class InputSpec:
+    """A request input as the residual describes it (the manifest's entry: name, shape, dtype,
+    the export's dimension ranges, for indices the values allowed), and the (shape, dtype)
+    pairs it has accepted: a decode loop passes the same shape at every step, and a shape
+    once checked is a set lookup after (`check`)."""
+
+    def __init__(self, spec: dict):
+        self.spec, self.name, self.dtype = spec, spec["name"], spec["dtype"]
+        self.range = spec.get("range")
+        self._accepted = set()
+
+    def check(self, value, direct: bool):
+        """(`value` as the call passes it on, its shape), after checking it: shape, dtype, the
+        export's dimension ranges and, for indices, the values the tables allow. A torch
+        tensor on the module's own kind of device ("cpu" or "cuda": `direct`) is passed on
+        as it is, to be shared with IREE (DLPack), anything else as a contiguous numpy array."""
+        if direct:
+            if value.requires_grad:
+                value = value.detach()
+            if not value.is_contiguous():
+                value = value.contiguous()
+            shape, dtype = value.shape, _torch_dtype_name(value.dtype)
+        else:
+            value = np.asarray(as_numpy(value), order="C")
+            shape, dtype = value.shape, value.dtype.name
+        if (shape, dtype) not in self._accepted:
+            self._check_shape(tuple(shape), dtype)
+            if len(self._accepted) >= ACCEPTED_KEPT:
+                self._accepted.clear()
+            self._accepted.add((shape, dtype))
+        if self.range is not None and math.prod(shape):
+            low, high = (int(v) for v in (value.aminmax() if direct else (value.min(), value.max())))
+            if low < self.range["min"] or high > self.range["max"]:
+                raise InputError(f"input {self.name!r} holds {low if low < self.range['min'] else high}, outside "
+                                 f"{self.range['min']}..{self.range['max']} (the rows of the table it indexes): pass "
+                                 "indices inside the table, e.g. token ids below the vocabulary size")
+        return value, shape
+
+    def _check_shape(self, shape: tuple, dtype: str) -> None:
+        spec = self.spec
+        shape_ok = len(shape) == len(spec["shape"]) and all(d is None or d == s for d, s in zip(spec["shape"], shape))
+        if not shape_ok or dtype != self.dtype:
+            expected = "[" + ", ".join("?" if d is None else str(d) for d in spec["shape"]) + "] " + self.dtype
+            raise InputError(f"input {self.name!r} has shape {list(shape)} {dtype}; expected {expected}")
+        for axis, (size, bound) in enumerate(zip(shape, spec.get("dims", ()))):
+            if size < bound["min"] or size > bound.get("max", size):
+                allowed = f"{bound['min']}..{bound['max']}" if "max" in bound else f"at least {bound['min']}"
+                raise InputError(f"input {self.name!r} has {size} along dimension {axis}, outside the exported "
+                                 f"range {allowed}: split the request, or export with a larger Dim max")
+
+
+@functools.cache
+def _torch_dtype_name(dtype) -> str:
+    """The manifest's name of a torch dtype ("float16"); str() of a dtype costs a call more."""
+    return str(dtype).removeprefix("torch.")
 
 
 class Request:
-    """A call's checked inputs: `values` (in the residual's input order, for IREE),
-    their `shapes`, and whether results go back as torch tensors (on `device`)
-    or, for numpy inputs, as numpy arrays."""
+    """A call's checked inputs: `values` (by input name, as IREE takes them), their
+    `shapes` (in input order), and whether results go back as torch tensors (on
+    `torch_device`) or, for numpy inputs, as numpy arrays."""
 
-    def __init__(self, module, values: list, shapes: list, torch_device):
+    def __init__(self, module, values: dict, shapes: list, torch_device):
         self.values, self.shapes, self.torch_device = values, shapes, torch_device
         self._module = module
 
@@ -81,8 +110,10 @@ class Request:
 
     def outputs(self, results):
         """IREE's results as this request returns them (a tuple for several outputs)."""
-        results = tuple(results) if isinstance(results, (tuple, list)) else (results,)
-        converted = tuple(self._module._returned(r, self.torch_device) for r in results)
+        returned = self._module._returned
+        if not isinstance(results, (tuple, list)):
+            return returned(results, self.torch_device)
+        converted = tuple(returned(r, self.torch_device) for r in results)
         return converted if len(converted) > 1 else converted[0]
 
 
@@ -238,6 +269,7 @@ class ResidualModule:
         self._default_prefix = checked.default_adapter_prefix
         self._entry_points = {(e["stage"], e["program"]): e for e in described}
         self._inputs = [a for a in self.entry("dynamic")["arguments"] if a["kind"] == "input"]
+        self._input_specs = [InputSpec(a) for a in self._inputs]
         self._outputs = [r for r in self.entry("dynamic")["results"] if r["kind"] == "output"]
         # each output's dimensions (ints and Polynomials), read once; None where the export stated none
         self._sizes = [None if "sizes" not in r else [s if isinstance(s, int) else manifests.Polynomial.model_validate(s)
@@ -249,13 +281,15 @@ class ResidualModule:
 
     @staticmethod
     def _function(main, entry: dict, vmfb_path: str) -> tuple:
-        """(the VM function of `entry`, its results' dtypes), once it is known to take a wait
-        and a signal fence (lowering.RESIDUAL_FLAGS)."""
+        """(the VM function of `entry`, each argument's source: (the index of the @adapter result
+        it is, None) for adapter state, else (None, its name); its results' dtypes), once the
+        function is known to take a wait and a signal fence (lowering.RESIDUAL_FLAGS)."""
         function = main.lookup_function(entry["symbol"])
         if function.reflection.get(FENCED[0]) != FENCED[1]:
             raise ArtifactError(f"module {vmfb_path!r} was compiled by an earlier StageML (its entry points wait for "
                                 "their own work): recompile the model with this StageML")
-        return function, [numpy_dtype(r["dtype"]) for r in entry["results"]]
+        sources = tuple((a["result"], None) if a["kind"] == "state" else (None, a["name"]) for a in entry["arguments"])
+        return function, sources, [numpy_dtype(r["dtype"]) for r in entry["results"]]
 
     def entry(self, stage: str, program: str = "main") -> dict | None:
         """The manifest's entry point of `stage` ("adapter" or "dynamic") in `program`, or None."""
@@ -279,10 +313,10 @@ class ResidualModule:
         (about 20 µs of a multi-tenant decode call on an H200's host). The residual is
         compiled async-external (lowering.RESIDUAL_FLAGS): its call returns once the work
         is queued, and this one then waits for the signal fence it passed (`_wait`)."""
-        function, dtypes = self._functions[entry["symbol"]]
-        arguments = iree_rt.VmVariantList(len(entry["arguments"]) + 2)
-        for a in entry["arguments"]:
-            value = state[a["result"]] if a["kind"] == "state" else named[a["name"]]
+        function, sources, dtypes = self._functions[entry["symbol"]]
+        arguments = iree_rt.VmVariantList(len(sources) + 2)
+        for result, name in sources:
+            value = named[name] if result is None else state[result]
             if isinstance(value, int):  # a scalar argument (the slot @adapter_factorized writes)
                 arguments.push_int(value)
             else:
@@ -365,21 +399,27 @@ class ResidualModule:
                 for sizes in self._sizes]
 
     def _check_inputs(self, inputs) -> Request:
-        specs = self.inputs
+        specs = self._input_specs
         if len(inputs) != len(specs):
-            names = ", ".join(s["name"] for s in specs)
+            names = ", ".join(s.name for s in specs)
             raise InputError(f"the residual takes {len(specs)} input(s) ({names}), got {len(inputs)}: pass exactly those")
-        checked = [_check_input(s, v, self._device_kind) for s, v in zip(specs, inputs)]
-        torch_device = next((v.device for v in inputs if _is_torch(v)), None)
-        values = [self._imported(v) if direct else v for v, _, direct in checked]
-        return Request(self, values, [shape for _, shape, _ in checked], torch_device)
+        values, shapes, torch_device = {}, [], None
+        for spec, given in zip(specs, inputs):
+            device = given.device if _is_torch(given) else None
+            direct = device is not None and device.type == self._device_kind
+            value, shape = spec.check(given, direct)
+            values[spec.name] = self._imported(value, device) if direct else value
+            shapes.append(shape)
+            if torch_device is None:
+                torch_device = device
+        return Request(self, values, shapes, torch_device)
 
-    def _imported(self, tensor):
-        """A torch tensor on this module's device as an IREE buffer view, shared (DLPack), once the
-        work queued on it is done (IREE runs on a stream of its own)."""
+    def _imported(self, tensor, device):
+        """A torch tensor on this module's device (`device`, its torch device) as an IREE buffer view,
+        shared (DLPack), once the work queued on it is done (IREE runs on a stream of its own)."""
         import torch
-        if tensor.device.type == "cuda":
-            stream = self._torch_stream(tensor.device)
+        if device.type == "cuda":
+            stream = self._torch_stream(device)
             if not stream.query():
                 stream.synchronize()
         return self._config.device.from_dlpack_capsule(torch.utils.dlpack.to_dlpack(tensor))
@@ -414,8 +454,7 @@ class ResidualModule:
 
     def __call__(self, *inputs):
         request = self._check_inputs(inputs)
-        named = {s["name"]: v for s, v in zip(self.inputs, request.values)}
-        return request.outputs(self._call(self.entry("dynamic"), named, self._state))
+        return request.outputs(self._call(self.entry("dynamic"), request.values, self._state))
 
 
 def load(path: str, device: str | None = None, **serving):

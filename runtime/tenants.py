@@ -426,7 +426,7 @@ class TenantModule(ResidualModule):
             batch = self._batch(adapters)
             batch.calls += 1
             batch.last_call = next(self._clock)
-            values = {s["name"]: v for s, v in zip(self.inputs, request.values)}
+            values = request.values
             only = next(iter(batch.named.values())) if len(batch.named) == 1 and None not in batch.rows_of else None
             if only is not None and only.merged is not None:
                 results = self._call(self.entry("dynamic"), values, only.merged)

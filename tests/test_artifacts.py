@@ -276,3 +276,11 @@ def test_dimension_ranges_are_checked(two):
     with pytest.raises(InputError, match=r"input 'x' has 17 along dimension 0, outside the exported range 0\.\.16"):
         mod(np.zeros((17, 32), np.float32))
     assert mod(np.zeros((16, 32), np.float32)).shape == (16, 16)
+    # a shape once accepted is remembered; another dtype of it, or another shape, is still refused
+    with pytest.raises(InputError, match=r"input 'x' has shape \[16, 32\] float64; expected \[\?, 32\] float32"):
+        mod(np.zeros((16, 32), np.float64))
+    assert mod(torch.zeros(16, 32)).shape == (16, 16)
+    with pytest.raises(InputError, match=r"input 'x' has shape \[16, 32\] float64"):
+        mod(torch.zeros(16, 32, dtype=torch.float64))
+    with pytest.raises(InputError, match="outside the exported range 0..16"):
+        mod(torch.zeros(17, 32))

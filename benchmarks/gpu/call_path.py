@@ -57,7 +57,6 @@ from peer import STACK, Weights, mapping, stack_module  # noqa: E402
 import stageml  # noqa: E402
 from iree import runtime as iree_rt  # noqa: E402
 from stageml.compiler.facts import IDS  # noqa: E402
-from stageml.runtime.module import _check_input  # noqa: E402
 
 SHAPES = [("decode", 1, 1), ("decode", 32, 32), ("prefill", 256, 4)]
 # (label, residual stack-tenants-f16-sm90{suffix}, its shapes): the one for any rows (a LoRA site a BGMV and
@@ -83,17 +82,17 @@ STEPS = ("check x", "torch sync + x shared", "slot ids", "VM call", "result shar
 def host_steps(mod, entry: dict, x, names: list) -> dict:
     """Median µs of each of STEPS of `mod.run_batch(x, names)` (torch in and out):
     "in a loop" times them inside 300 whole calls, "alone" repeats each by itself."""
-    spec = mod.inputs[0]
+    spec = mod._input_specs[0]
 
     def steps():
         marks = [time.perf_counter_ns()]
-        value = _check_input(spec, x, "cuda")[0]
+        value = spec.check(x, True)[0]
         marks.append(time.perf_counter_ns())
-        view = mod._imported(value)
+        view = mod._imported(value, x.device)
         marks.append(time.perf_counter_ns())
         ids = mod._batch(names).ids
         marks.append(time.perf_counter_ns())
-        result = mod._call(entry, {spec["name"]: view, IDS: ids})
+        result = mod._call(entry, {spec.name: view, IDS: ids})
         marks.append(time.perf_counter_ns())
         shared = mod._returned(result, x.device)
         del shared, result
@@ -101,11 +100,11 @@ def host_steps(mod, entry: dict, x, names: list) -> dict:
         return [(b - a) / 1e3 for a, b in zip(marks, marks[1:])]
 
     looped = [steps() for _ in range(320)][20:]
-    value = _check_input(spec, x, "cuda")[0]
-    view, ids = mod._imported(value), mod._batch(names).ids
-    result = mod._call(entry, {spec["name"]: view, IDS: ids})
-    alone = [bench_host(lambda: _check_input(spec, x, "cuda")), bench_host(lambda: mod._imported(value)),
-             bench_host(lambda: mod._batch(names)), bench_host(lambda: mod._call(entry, {spec["name"]: view, IDS: ids})),
+    value = spec.check(x, True)[0]
+    view, ids = mod._imported(value, x.device), mod._batch(names).ids
+    result = mod._call(entry, {spec.name: view, IDS: ids})
+    alone = [bench_host(lambda: spec.check(x, True)), bench_host(lambda: mod._imported(value, x.device)),
+             bench_host(lambda: mod._batch(names)), bench_host(lambda: mod._call(entry, {spec.name: view, IDS: ids})),
              bench_host(lambda: mod._returned(result, x.device))]
     return {"in a loop": [statistics.median(column) for column in zip(*looped)], "alone": alone}
 
