@@ -36,6 +36,7 @@ def _is_torch_type(kind: type) -> bool:
 
 
 ACCEPTED_KEPT = 1024  # the (shape, dtype) pairs an input remembers as checked (see InputSpec)
+HOST_EXTREMES = 4096  # index tensors up to this many values are range-checked on the host (see _extremes)
 
 
 class InputSpec:
@@ -69,7 +70,7 @@ class InputSpec:
                 self._accepted.clear()
             self._accepted.add((shape, dtype))
         if self.range is not None and math.prod(shape):
-            low, high = (int(v) for v in (value.aminmax() if direct else (value.min(), value.max())))
+            low, high = _extremes(value, direct)
             if low < self.range["min"] or high > self.range["max"]:
                 raise InputError(f"input {self.name!r} holds {low if low < self.range['min'] else high}, outside "
                                  f"{self.range['min']}..{self.range['max']} (the rows of the table it indexes): pass "
@@ -87,6 +88,18 @@ class InputSpec:
                 allowed = f"{bound['min']}..{bound['max']}" if "max" in bound else f"at least {bound['min']}"
                 raise InputError(f"input {self.name!r} has {size} along dimension {axis}, outside the exported "
                                  f"range {allowed}: split the request, or export with a larger Dim max")
+
+
+def _extremes(value, direct: bool) -> tuple[int, int]:
+    """The least and the greatest of an index array's values (a torch tensor when `direct`). A
+    tensor of up to HOST_EXTREMES values is copied to the host whole: on a GPU that is one
+    copy, where reading the two values aminmax finds is two (on an H100's host, 1 x 16 token
+    ids: 22 against 40 µs)."""
+    if direct and value.numel() > HOST_EXTREMES:
+        low, high = value.aminmax()
+        return int(low), int(high)
+    host = value.cpu().numpy() if direct else value
+    return int(host.min()), int(host.max())
 
 
 @functools.cache

@@ -14,6 +14,7 @@ from torch.export import Dim
 import stageml
 from models import rel_err
 from stageml.errors import AdapterError, InputError
+from stageml.runtime import module
 
 TARGETS = ["q_proj", "v_proj", "o_proj", "gate_proj"]
 
@@ -546,7 +547,7 @@ def test_threads_loading_unloading_and_serving_stay_correct(linear):
     assert mod.adapters == ["a", "b", "c"]
 
 
-def test_bad_ids_are_refused_and_the_compiled_code_stays_in_bounds(llama):
+def test_bad_ids_are_refused_and_the_compiled_code_stays_in_bounds(llama, monkeypatch):
     """Token ids outside the vocabulary, and sequences beyond the exported maximum,
     are an InputError per call; called past those checks, the residual's own
     index clamps keep every read inside its table (finite rows, no crash), and its
@@ -556,9 +557,11 @@ def test_bad_ids_are_refused_and_the_compiled_code_stays_in_bounds(llama):
     ids = mod.inputs[0]
     assert ids["range"] == {"min": 0, "max": 127} and ids["dims"][1] == {"min": 0, "max": 64}
     mod.run_batch(torch.tensor([[1, 2, 3]]), ["a"])  # [1, 3] int64 is now a shape 'ids' has accepted: values still count
-    for bad in (128, 1000, -1, 10**9, -(2**63)):
-        with pytest.raises(InputError, match=f"input 'ids' holds {bad}, outside 0..127"):
-            mod.run_batch(torch.tensor([[1, 2, bad]]), ["a"])
+    for on_host in (module.HOST_EXTREMES, 2):  # ids read on the host whole, and through aminmax
+        monkeypatch.setattr(module, "HOST_EXTREMES", on_host)
+        for bad in (128, 1000, -1, 10**9, -(2**63)):
+            with pytest.raises(InputError, match=f"input 'ids' holds {bad}, outside 0..127"):
+                mod.run_batch(torch.tensor([[1, 2, bad]]), ["a"])
     with pytest.raises(InputError, match="has 65 along dimension 1, outside the exported range 0..64"):
         mod(torch.zeros(1, 65, dtype=torch.int64), adapter="a")
     slots = mod.entry("dynamic", "factorized")
