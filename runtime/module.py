@@ -5,6 +5,7 @@ import json
 import math
 import os
 import re
+import threading
 import time
 
 import numpy as np
@@ -276,6 +277,7 @@ class ResidualModule:
         # each entry point's VM function and its results' dtypes, found once
         self._functions = {e["symbol"]: self._function(main, e, vmfb_path) for e in described}
         self._no_wait = iree_rt.HalFence(0)  # the wait fence of every call: nothing to wait for
+        self._invoking = threading.Lock()     # IREE's VM context takes one call at a time (see _call)
         self._device_kind = "cuda" if device.startswith("cuda") else "cpu"
         self._exports = True  # results can be shared with torch (DLPack), until IREE says otherwise
         self._stream = None   # (raw handle, torch.cuda.Stream) of the torch stream last waited for
@@ -325,7 +327,9 @@ class ResidualModule:
         the function's reflection and wraps every argument and result on each call
         (about 20 µs of a multi-tenant decode call on an H200's host). The residual is
         compiled async-external (lowering.RESIDUAL_FLAGS): its call returns once the work
-        is queued, and this one then waits for the signal fence it passed (`_wait`)."""
+        is queued, and this one then waits for the signal fence it passed (`_wait`). IREE
+        releases the GIL inside the VM call, and its context must not run two calls at once:
+        threads sharing a module queue their calls one at a time and wait for them together."""
         function, sources, dtypes = self._functions[entry["symbol"]]
         arguments = iree_rt.VmVariantList(len(sources) + 2)
         for result, name in sources:
@@ -339,7 +343,8 @@ class ResidualModule:
         arguments.push_ref(iree_rt.HalFence.create_at(done, 1).ref)
         results = iree_rt.VmVariantList(len(dtypes))
         try:
-            self._context.invoke(function, arguments, results)
+            with self._invoking:
+                self._context.invoke(function, arguments, results)
         except RuntimeError as e:  # the residual's own checks (cf.assert) fail a call as FAILED_PRECONDITION
             refused = str(e).partition("FAILED_PRECONDITION;")[2].strip().split(";")[0].strip()
             if not refused:

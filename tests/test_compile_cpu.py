@@ -49,6 +49,37 @@ def test_mlp_static_weights_fold(tmp_path):
         assert rel_err(mod(x), model(x)) <= 1e-5
 
 
+def test_threads_share_a_residual(tmp_path):
+    """Threads calling one loaded residual at once each get their own rows' answer (IREE's VM
+    context runs one call at a time: the module queues them in turn, and they wait together)."""
+    import threading
+
+    model = MLP().eval()
+    art = stageml.compile(model, (torch.randn(3, 32),), dynamic_shapes=({0: Dim("batch", max=256)},))
+    mod = art.load(str(tmp_path / "mlp.vmfb"))
+    seed = int(torch.randint(0, 2**31, ()))
+    print(f"seed {seed}")
+    errors, failures = [], []
+
+    def caller(index):
+        generator = torch.Generator().manual_seed(seed + index)
+        try:
+            for call in range(25):
+                x = torch.randn(1 + (index + call) % 9, 32, generator=generator)
+                y = mod(x if call % 2 else x.numpy())
+                with torch.no_grad():
+                    errors.append(rel_err(y, model(x)))
+        except Exception as e:  # noqa: BLE001 - reported below
+            failures.append(e)
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures and len(errors) == 100 and max(errors) <= 1e-5
+
+
 def test_lora_linear_is_merged(tmp_path):
     model = LoraLinear().eval()
     x = torch.randn(2, 5, 48)
