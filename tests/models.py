@@ -65,15 +65,14 @@ def rel_err(actual, expected) -> float:
 
 def submissions(art, symbol: str) -> int:
     """The queue submissions a call of entry point `symbol` makes: the execution regions
-    (stream.cmd.execute) of the residual's IREE input lowered to IREE's stream dialect."""
+    (stream.cmd.execute) of the residual's IREE input lowered to IREE's stream dialect with
+    the flags the residual was compiled with."""
     from iree import compiler as iree_compiler
     from iree.compiler import ir
 
-    from stageml.compiler.lowering import RESIDUAL_FLAGS
-
     backend = {"local-task": "llvm-cpu", "cuda": "cuda"}[art.target["device"]]
     text = iree_compiler.compile_str(art.mlir["iree"], target_backends=[backend],
-                                     extra_args=[*RESIDUAL_FLAGS, "--compile-to=stream"])
+                                     extra_args=[*art.report.iree_flags, "--compile-to=stream"])
     regions = []
 
     def visit(op):
