@@ -274,7 +274,7 @@ class ResidualModule:
             raise ArtifactError(f"module {vmfb_path!r} cannot be loaded with its parameters "
                                 f"({str(e).strip().splitlines()[0]}): recompile the model") from None
         self._entries = entries
-        # each entry point's VM function and its results' dtypes, found once
+        # each entry point's VM function, its arguments' sources and its results' dtypes, found once
         self._functions = {e["symbol"]: self._function(main, e, vmfb_path) for e in described}
         self._no_wait = iree_rt.HalFence(0)  # the wait fence of every call: nothing to wait for
         self._invoking = threading.Lock()     # IREE's VM context takes one call at a time (see _call)

@@ -21,7 +21,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from h200 import BOUNDS, bench_host, peft_llama, rel_err, write_archive  # noqa: E402
+from h200 import BOUNDS, peft_llama, rel_err, round_medians, write_archive  # noqa: E402
 from peer import STACK, TENANTS, Weights, mapping  # noqa: E402
 
 from stageml.runtime import module as this_module, tenants as this_tenants  # noqa: E402
@@ -44,15 +44,6 @@ def baseline(directory: str) -> tuple:
             module._runtime_config = this_module._runtime_config
         loaded[name] = module
     return loaded["module"], loaded["tenants"]
-
-
-def side_by_side(calls: dict, rounds: int, count: int) -> dict:
-    """{name: [each round's median µs]} of `calls` {name: call}, taken in turns."""
-    medians = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            medians[name].append(bench_host(call, count, 20))
-    return medians
 
 
 def main() -> int:
@@ -98,7 +89,7 @@ def main() -> int:
             error = rel_err(call(), expected)
             failed |= not error <= BOUNDS["f16"]
             print(f"{'PASS' if error <= BOUNDS['f16'] else 'FAIL'} {label}, {name}: rel. err {error:.2e}", flush=True)
-        medians = side_by_side(calls, args.rounds, args.calls)
+        medians = round_medians(calls, args.rounds, args.calls, warmup=20)
         faster = sum(t < b for b, t in zip(medians["base"], medians["this"]))
         lines.append(f"| {label} | {statistics.median(medians['base']):.1f} | {statistics.median(medians['this']):.1f} | "
                      f"{faster} of {args.rounds} |")

@@ -365,16 +365,21 @@ def bench_host(fn, calls: int = 100, warmup: int = 10) -> float:
     return statistics.median(times)
 
 
-def bench_rounds(fns: dict, rounds: int = 8, calls: int = 100, warmup: int = 10) -> dict:
-    """{name: median µs per call} of each of `fns` (which return host data or device results
-    left where they are), taken in turns: `rounds` rounds, each timing every function over
-    `calls` calls after `warmup`; the median of its rounds' medians. Functions compared with
-    each other this way share the host's slow and fast spells."""
+def round_medians(fns: dict, rounds: int = 8, calls: int = 100, warmup: int = 10) -> dict:
+    """{name: [each round's median µs per call]} of each of `fns` (which return host data or
+    device results left where they are), taken in turns: `rounds` rounds, each timing every
+    function over `calls` calls after `warmup`. Functions compared with each other this way
+    share the host's slow and fast spells."""
     medians = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             medians[name].append(bench_host(fn, calls, warmup))
-    return {name: statistics.median(values) for name, values in medians.items()}
+    return medians
+
+
+def bench_rounds(fns: dict, rounds: int = 8, calls: int = 100, warmup: int = 10) -> dict:
+    """{name: the median of its rounds' medians} of round_medians(fns, ...)."""
+    return {name: statistics.median(values) for name, values in round_medians(fns, rounds, calls, warmup).items()}
 
 
 def tenant_module(art_dir: str, name: str, policy: str, adapters: list):
