@@ -3,12 +3,12 @@ multi-tenant LoRA kernels (gemm_expand, gemm_lora), every result checked against
 
     (here)   nvcc -cubin -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -o DIR/NAME.cubin NAME.cu
     (there)  python3 benchmarks/gpu/compare_builds.py DIR NAME... [--rows 1,64,256] [--lora-rows 1,32]
-             [--lora-builds NAME,...] [--rounds 3] [--json OUT]
+             [--lora-builds NAME,...] [--rounds 3] [--shape K,N] [--json OUT]
 
 DIR/NAME.cubin (or .ptx) per build; kernel_check.py's launcher and timer (CUDA events while a
 sleep kernel holds the stream, 4 weight copies rotated past the L2, median of 100 calls). Each
 row count is timed in `rounds` interleaved rounds, the order rotated each round; a table cell is
-the median of its round medians. K = N = 4096, rank 16, 33 slots; LoRA rows take slot
+the median of its round medians. K = N = 4096 (--shape: others), rank 16, 33 slots; LoRA rows take slot
 1 + (row mod 32), from 256 rows 4 tenants of contiguous rows (kernel_check.shrink_ids). Exits 1
 if any result is off float64 by more than 2e-3 (fp16) or 1e-2 (bf16).
 """
@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kernel_check as kc  # noqa: E402
 
-K = N = 4096
+SHAPE = (4096, 4096)  # K, N unless --shape says otherwise
 SLOTS = 33
 BOUNDS = {"f16": 2e-3, "bf16": 1e-2}  # relative error against float64 (tests/test_kernels_gpu.py's)
 
@@ -43,7 +43,7 @@ def timed(calls: dict, rounds: int) -> dict:
     return {n: statistics.median(v) for n, v in times.items()}
 
 
-def gemm_table(builds: dict, dtype: str, rows: list, rounds: int, worst: dict) -> list:
+def gemm_table(builds: dict, dtype: str, rows: list, rounds: int, worst: dict, K: int, N: int) -> list:
     ws = [kc.tensor((K, N), dtype, K ** -0.5) for _ in range(kc.COPIES)]
     tiled = [kc.strips(w) for w in ws]
     lines = [f"| {dtype} M | " + " | ".join(builds) + " | cuBLAS |", "|---:|" + "---:|" * (len(builds) + 1)]
@@ -64,7 +64,7 @@ def gemm_table(builds: dict, dtype: str, rows: list, rounds: int, worst: dict) -
     return lines
 
 
-def lora_table(builds: dict, dtype: str, rows: list, rounds: int, worst: dict) -> list:
+def lora_table(builds: dict, dtype: str, rows: list, rounds: int, worst: dict, K: int, N: int) -> list:
     R = kc.RANK
     ws = [kc.tensor((K, N), dtype, K ** -0.5) for _ in range(kc.COPIES)]
     tiled = [kc.strips(w) for w in ws]
@@ -109,8 +109,10 @@ def main() -> int:
     parser.add_argument("--lora-rows", default="1,32,64,128,129,160,200,256,257,512")
     parser.add_argument("--lora-builds", help="the builds whose LoRA kernels are timed (default: all)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--shape", default=",".join(map(str, SHAPE)), help="K,N (multiples of 256 and 64)")
     parser.add_argument("--json", help="write the tables and the worst errors here")
     args = parser.parse_args()
+    K, N = (int(v) for v in args.shape.split(","))
     seed = int.from_bytes(os.urandom(4), "little")
     torch.manual_seed(seed)
     builds = {}
@@ -123,11 +125,11 @@ def main() -> int:
     lora_builds = {n: builds[n] for n in (args.lora_builds.split(",") if args.lora_builds else builds)}
     rows = [int(m) for m in args.rows.split(",") if m]
     lora_rows = [int(m) for m in args.lora_rows.split(",") if m]
-    print(f"# {torch.cuda.get_device_name()}, seed {seed}, torch {torch.__version__}, K = N = {K}", flush=True)
+    print(f"# {torch.cuda.get_device_name()}, seed {seed}, torch {torch.__version__}, K = {K}, N = {N}", flush=True)
     worst, report = {}, []
     for dtype in kc.DTYPES:
-        for lines in (gemm_table(builds, dtype, rows, args.rounds, worst) if rows else [],
-                      lora_table(lora_builds, dtype, lora_rows, args.rounds, worst) if lora_rows else []):
+        for lines in (gemm_table(builds, dtype, rows, args.rounds, worst, K, N) if rows else [],
+                      lora_table(lora_builds, dtype, lora_rows, args.rounds, worst, K, N) if lora_rows else []):
             if lines:
                 print("\n" + "\n".join(lines), flush=True)
                 report.append(lines)

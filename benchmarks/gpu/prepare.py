@@ -41,12 +41,15 @@ compiled here; h200.py checks and times them there. Written to OUT_DIR:
       (pip download --no-deps) and set beside vllm_stubs/'s stand-ins for
       the vLLM modules they import: peer.py's peer. Never committed.
   stageml_sm90.ptx the kernels (as embedded), for kernel_check.py
+  stream_floor.cubin stream_floor.cu (its probes and kernels.cu) as sm_90a code, for
+      stream_floor.py: what streaming a weight costs under the kernels' timer.
   artifacts.json   what each artifact is, and the irpa keys of the stacks.
 """
 
 import json
 import os
 import shutil
+import subprocess
 import sys
 import warnings
 
@@ -203,6 +206,13 @@ def vllm_peer(out: str) -> None:
                 archive.extract(f"vllm/lora/ops/triton_ops/{op}.py", peer)
 
 
+def stream_floor(out: str) -> None:
+    """stream_floor.cu built as OUT/stream_floor.cubin (sm_90a code: its probes need no PTX JIT)."""
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stream_floor.cu")
+    subprocess.run([build.nvcc() or "nvcc", "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17",
+                    "-o", os.path.join(out, "stream_floor.cubin"), source], check=True)
+
+
 def main() -> None:
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join("out", "gpu")
     os.makedirs(out, exist_ok=True)
@@ -211,6 +221,7 @@ def main() -> None:
                + moe_artifacts(out))
     vllm_peer(out)
     shutil.copy(build.build() / build.PTX, out)
+    stream_floor(out)
     with open(os.path.join(out, "artifacts.json"), "w") as f:
         json.dump(entries, f, indent=1)
     print(f"wrote {len(entries)} artifacts to {out}")
