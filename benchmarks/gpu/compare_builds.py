@@ -15,7 +15,6 @@ if any result is off float64 by more than 2e-3 (fp16) or 1e-2 (bf16).
 import argparse
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -31,16 +30,6 @@ BOUNDS = {"f16": 2e-3, "bf16": 1e-2}  # relative error against float64 (tests/te
 def rel_err(y, ref) -> float:
     e = float((y.double() - ref).norm() / ref.norm())
     return e if e == e else float("inf")
-
-
-def timed(calls: dict, rounds: int) -> dict:
-    """{name: median of `rounds` interleaved 100-call medians} of calls {name: call(i)}."""
-    times = {n: [] for n in calls}
-    names = list(calls)
-    for r in range(rounds):
-        for n in names[r % len(names):] + names[:r % len(names)]:
-            times[n].append(kc.device_us(calls[n], 100))
-    return {n: statistics.median(v) for n, v in times.items()}
 
 
 def gemm_table(builds: dict, dtype: str, rows: list, rounds: int, worst: dict, K: int, N: int) -> list:
@@ -59,7 +48,7 @@ def gemm_table(builds: dict, dtype: str, rows: list, rounds: int, worst: dict, K
             worst[key] = max(worst.get(key, 0.0), rel_err(y, ref))
         calls = {n: (lambda i, k=k: k.gemm_wgmma(dtype, x, tiled[i % kc.COPIES], y, M, K, N)) for n, k in builds.items()}
         calls["cuBLAS"] = lambda i: torch.matmul(x, ws[i % kc.COPIES], out=y)
-        med = timed(calls, rounds)
+        med = kc.device_rounds(calls, rounds)
         lines.append(f"| {M} | " + " | ".join(f"{med[n]:.1f}" for n in calls) + " |")
     return lines
 
@@ -96,7 +85,7 @@ def lora_table(builds: dict, dtype: str, rows: list, rounds: int, worst: dict, K
                 key = f"{name} {kind} {dtype}"
                 worst[key] = max(worst.get(key, 0.0), rel_err(y, refs[kind]))
                 calls[f"{name} {kind}"] = call
-        med = timed(calls, rounds)
+        med = kc.device_rounds(calls, rounds)
         lines.append(f"| {M} | " + " | ".join(f"{med[h]:.1f}" for h in heads) + " |")
     return lines
 

@@ -183,6 +183,17 @@ def device_us(call, calls: int, warmup: int = 10) -> float:
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
 
 
+def device_rounds(calls: dict, rounds: int) -> dict:
+    """{name: the median of `rounds` interleaved device_us(call, 100) medians} of calls {name: call(i)},
+    the order rotated each round, so the calls compared share the GPU's slow and fast spells."""
+    times = {n: [] for n in calls}
+    names = list(calls)
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            times[n].append(device_us(calls[n], 100))
+    return {n: statistics.median(v) for n, v in times.items()}
+
+
 def timings(kernels: Kernels, dtype: str, calls: int) -> list:
     """Table rows for K = N = TIMED_KN at each TIMED_M."""
     K = N = TIMED_KN

@@ -137,13 +137,8 @@ def main() -> None:
                 lambda i, x=x, y=y, M=M, N=N: gemms.gemm_wgmma("f16", x, tiled[i % kc.COPIES], y, M, K, N))
             calls[f"cuBLAS (torch.matmul), {M} rows"] = (
                 lambda i, x=x, y=y: torch.matmul(x, plain[i % kc.COPIES], out=y))
-        medians = {n: [] for n in calls}
-        names = list(calls)
-        for r in range(args.rounds):
-            for n in names[r % len(names):] + names[:r % len(names)]:
-                medians[n].append(kc.device_us(calls[n], 100))
-        for n, v in medians.items():
-            rows.setdefault(n, {})[mib] = statistics.median(v)
+        for n, t in kc.device_rounds(calls, args.rounds).items():
+            rows.setdefault(n, {})[mib] = t
         print(f"{mib} MiB timed", flush=True)
 
     peak = kc.hbm_bytes_per_s()
