@@ -27,11 +27,6 @@ SLOTS = 33
 BOUNDS = {"f16": 2e-3, "bf16": 1e-2}  # relative error against float64 (tests/test_kernels_gpu.py's)
 
 
-def rel_err(y, ref) -> float:
-    e = float((y.double() - ref).norm() / ref.norm())
-    return e if e == e else float("inf")
-
-
 def gemm_table(builds: dict, dtype: str, rows: list, rounds: int, worst: dict, K: int, N: int) -> list:
     ws = [kc.tensor((K, N), dtype, K ** -0.5) for _ in range(kc.COPIES)]
     tiled = [kc.strips(w) for w in ws]
@@ -45,7 +40,7 @@ def gemm_table(builds: dict, dtype: str, rows: list, rounds: int, worst: dict, K
             k.gemm_wgmma(dtype, x, tiled[0], y, M, K, N)
             torch.cuda.synchronize()
             key = f"{name} gemm {dtype}"
-            worst[key] = max(worst.get(key, 0.0), rel_err(y, ref))
+            worst[key] = max(worst.get(key, 0.0), kc.rel_err(y, ref))
         calls = {n: (lambda i, k=k: k.gemm_wgmma(dtype, x, tiled[i % kc.COPIES], y, M, K, N)) for n, k in builds.items()}
         calls["cuBLAS"] = lambda i: torch.matmul(x, ws[i % kc.COPIES], out=y)
         med = kc.device_rounds(calls, rounds)
@@ -83,7 +78,7 @@ def lora_table(builds: dict, dtype: str, rows: list, rounds: int, worst: dict, K
                 call(0)
                 torch.cuda.synchronize()
                 key = f"{name} {kind} {dtype}"
-                worst[key] = max(worst.get(key, 0.0), rel_err(y, refs[kind]))
+                worst[key] = max(worst.get(key, 0.0), kc.rel_err(y, refs[kind]))
                 calls[f"{name} {kind}"] = call
         med = kc.device_rounds(calls, rounds)
         lines.append(f"| {M} | " + " | ".join(f"{med[h]:.1f}" for h in heads) + " |")

@@ -155,6 +155,12 @@ def hbm_bytes_per_s() -> float:
     return 2 * props["memoryClockRate"] * 1e3 * props["memoryBusWidth"] / 8
 
 
+def rel_err(y, ref) -> float:
+    """||y - ref|| / ||ref|| (ref float64); a NaN anywhere in y counts as inf."""
+    e = float((y.double() - ref).norm() / ref.norm())
+    return e if e == e else float("inf")
+
+
 # --- timing ---------------------------------------------------------------------
 
 def device_us(call, calls: int, warmup: int = 10) -> float:
